@@ -1,0 +1,38 @@
+# Finds the libraries amplab builds on. LibTorch comes from the project's .venv (the torch
+# wheel, scripts/setup.sh installs it) unless Torch_DIR or CMAKE_PREFIX_PATH already point at one.
+if(NOT Torch_DIR)
+  foreach(_py ${PROJECT_SOURCE_DIR}/.venv/bin/python python3)
+    execute_process(COMMAND ${_py} -c "import torch; print(torch.utils.cmake_prefix_path)"
+                    OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+                    RESULT_VARIABLE _rc ERROR_QUIET)
+    if(_rc EQUAL 0 AND _torch_prefix)
+      list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+      break()
+    endif()
+  endforeach()
+endif()
+
+# Hopper (H100/H200) unless told otherwise; torch ignores CMAKE_CUDA_ARCHITECTURES.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for torch's CMake")
+endif()
+
+find_package(Torch REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(Threads REQUIRED)
+if(AMPLAB_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()
+
+# torch's CMake target compiles against the CUDA toolkit when the wheel is a CUDA build.
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR CUDA_FOUND)
+  set(AMPLAB_WITH_CUDA ON)
+else()
+  set(AMPLAB_WITH_CUDA OFF)
+endif()
+message(STATUS "amplab: LibTorch ${Torch_VERSION} (CUDA build: ${AMPLAB_WITH_CUDA}), variant ${AMPLAB_VARIANT}")

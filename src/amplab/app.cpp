@@ -1,0 +1,77 @@
+#include "amplab/app.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "amplab/env.hpp"
+#include "amplab/error.hpp"
+#include "amplab/log.hpp"
+
+namespace amplab {
+
+std::string default_config_path(const std::string& lab) {
+  std::string local = "configs/" + lab + ".yaml";
+  if (std::filesystem::exists(local)) return local;
+  std::string in_source = source_dir() + "/configs/" + lab + ".yaml";
+  if (std::filesystem::exists(in_source)) return in_source;
+  return local;
+}
+
+std::optional<int> parse_command_line(int argc, char** argv, const std::string& lab, const std::string& summary,
+                                      const std::string& config_keys, CommandLine& out, bool accepts_resume) {
+  CLI::App app(summary, lab);
+  out.config_path = default_config_path(lab);
+  app.add_option("-c,--config", out.config_path, "YAML config file")->capture_default_str();
+  app.add_option("-s,--set", out.overrides, "override one config key, e.g. --set train.lr=0.01 (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  if (accepts_resume)
+    app.add_option("--resume", out.resume, "resume from a checkpoint file, or 'latest' in the checkpoint directory")
+        ->type_name("PATH|latest");
+  app.footer("Config keys (set in the YAML file or with --set; defaults shown):\n" + config_keys);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::cout << app.help();
+    return kExitOk;
+  } catch (const CLI::CallForAllHelp& e) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << lab << ": " << e.what() << " (see " << lab << " --help)\n";
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
+int guarded_main(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const NotImplemented& e) {
+    log::flush();
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitNotImplemented;
+  } catch (const Error& e) {
+    log::flush();
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const c10::OutOfMemoryError& e) {
+    log::flush();
+    std::cerr << "error: out of GPU memory: " << e.what_without_backtrace() << "\n";
+    return kExitFailure;
+  } catch (const c10::Error& e) {
+    log::flush();
+    std::string message = e.what_without_backtrace();
+    std::cerr << "error: " << message.substr(0, message.find('\n')) << "\n";
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    log::flush();
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace amplab

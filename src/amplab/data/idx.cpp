@@ -1,0 +1,138 @@
+#include "amplab/data/idx.hpp"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "amplab/error.hpp"
+
+namespace amplab {
+
+namespace {
+
+constexpr uint8_t kTypeUnsignedByte = 0x08;
+constexpr int kMaxDims = 4;
+constexpr size_t kMaxBytes = size_t{1} << 31;  // 2 GiB: MNIST's training images are 47 MB
+
+bool is_gzip(const std::string& bytes) {
+  return bytes.size() >= 2 && static_cast<uint8_t>(bytes[0]) == 0x1f && static_cast<uint8_t>(bytes[1]) == 0x8b;
+}
+
+std::string gunzip(const std::string& compressed, const std::string& name) {
+  z_stream stream{};
+  // 16 + MAX_WBITS: expect a gzip header and check the gzip trailer (CRC-32 and length).
+  if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) throw Error(name + ": cannot start gzip decompression");
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+  stream.avail_in = static_cast<uInt>(compressed.size());
+  std::string out;
+  char buffer[1 << 16];
+  int status = Z_OK;
+  while (status == Z_OK) {
+    stream.next_out = reinterpret_cast<Bytef*>(buffer);
+    stream.avail_out = sizeof buffer;
+    status = inflate(&stream, Z_NO_FLUSH);
+    if (status != Z_OK && status != Z_STREAM_END) break;
+    out.append(buffer, sizeof buffer - stream.avail_out);
+    if (out.size() > kMaxBytes) {
+      inflateEnd(&stream);
+      throw Error(name + ": decompresses to more than 2 GiB; not an MNIST file");
+    }
+    if (status == Z_OK && stream.avail_in == 0 && stream.avail_out != 0) {
+      status = Z_BUF_ERROR;  // input ended before the end of the gzip stream
+      break;
+    }
+  }
+  std::string message = stream.msg ? stream.msg : "";
+  inflateEnd(&stream);
+  if (status == Z_BUF_ERROR)
+    throw Error(name + ": gzip data is truncated (the file ends before the compressed stream does); "
+                "download or copy it again");
+  if (status != Z_STREAM_END)
+    throw Error(name + ": gzip data is corrupt (" + (message.empty() ? "zlib error " + std::to_string(status) : message) +
+                "); download or copy it again");
+  return out;
+}
+
+uint32_t read_be32(const std::string& bytes, size_t offset) {
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + i])); };
+  return (b(0) << 24) | (b(1) << 16) | (b(2) << 8) | b(3);
+}
+
+void write_be32(std::string& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+}  // namespace
+
+IdxArray parse_idx(const std::string& file_bytes, const std::string& name) {
+  const std::string bytes = is_gzip(file_bytes) ? gunzip(file_bytes, name) : file_bytes;
+  if (bytes.size() < 4)
+    throw Error(name + ": too short for an IDX file (" + std::to_string(bytes.size()) + " bytes, the header alone is 4+)");
+  if (bytes[0] != 0 || bytes[1] != 0)
+    throw Error(name + ": not an IDX file (the first two bytes must be zero; is this an MNIST file?)");
+  uint8_t type = static_cast<uint8_t>(bytes[2]);
+  int ndims = static_cast<uint8_t>(bytes[3]);
+  if (type != kTypeUnsignedByte) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", type);
+    throw Error(name + ": IDX value type " + hex + " is not supported; MNIST files hold unsigned bytes (0x08)");
+  }
+  if (ndims < 1 || ndims > kMaxDims)
+    throw Error(name + ": IDX header says " + std::to_string(ndims) + " dimensions; expected 1 to " +
+                std::to_string(kMaxDims));
+  size_t header = 4 + 4 * static_cast<size_t>(ndims);
+  if (bytes.size() < header)
+    throw Error(name + ": truncated in the header (" + std::to_string(bytes.size()) + " bytes, header needs " +
+                std::to_string(header) + ")");
+  IdxArray array;
+  size_t count = 1;
+  for (int d = 0; d < ndims; ++d) {
+    uint32_t dim = read_be32(bytes, 4 + 4 * static_cast<size_t>(d));
+    if (dim == 0) throw Error(name + ": dimension " + std::to_string(d) + " is 0");
+    if (count > kMaxBytes / dim)
+      throw Error(name + ": header dimensions describe more than 2 GiB of data; the header is corrupt");
+    count *= dim;
+    array.dims.push_back(dim);
+  }
+  size_t payload = bytes.size() - header;
+  if (payload < count)
+    throw Error(name + ": truncated: header promises " + std::to_string(count) + " values, file has " +
+                std::to_string(payload) + "; download or copy it again");
+  if (payload > count)
+    throw Error(name + ": " + std::to_string(payload - count) + " unexpected bytes after the " +
+                std::to_string(count) + " values the header describes");
+  array.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  return array;
+}
+
+IdxArray read_idx(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw Error(path + ": read error");
+  return parse_idx(buffer.str(), path);
+}
+
+std::string encode_idx(const IdxArray& array, bool gzip) {
+  std::string raw{'\0', '\0', static_cast<char>(kTypeUnsignedByte), static_cast<char>(array.dims.size())};
+  for (auto d : array.dims) write_be32(raw, static_cast<uint32_t>(d));
+  raw.append(array.data.begin(), array.data.end());
+  if (!gzip) return raw;
+  z_stream stream{};
+  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&stream, raw.size()) + 32, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(raw.data());
+  stream.avail_in = static_cast<uInt>(raw.size());
+  stream.next_out = reinterpret_cast<Bytef*>(out.data());
+  stream.avail_out = static_cast<uInt>(out.size());
+  deflate(&stream, Z_FINISH);
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
+  return out;
+}
+
+}  // namespace amplab

@@ -1,0 +1,33 @@
+// Logging facade over spdlog. Only log.cpp includes spdlog: torch's headers bring fmt 12 and
+// Debian's spdlog needs fmt 9, so no translation unit may see both (DESIGN.md, "fmt clash").
+// Callers build messages with c10::str / std::to_string and pass finished strings.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace amplab::log {
+
+enum class Level { trace, debug, info, warn, error, off };
+inline constexpr std::pair<Level, const char*> kLevelNames[] = {
+    {Level::trace, "trace"}, {Level::debug, "debug"}, {Level::info, "info"},
+    {Level::warn, "warn"},   {Level::error, "error"}, {Level::off, "off"}};
+inline std::span<const std::pair<Level, const char*>> enum_names(Level) { return kLevelNames; }
+
+// Console at `console_level`; when `file_path` is not empty, also a file that gets everything
+// from debug up. Safe to call again (replaces the sinks).
+void init(Level console_level, const std::string& file_path = "");
+// In multi-process runs, ranks other than 0 only print warnings and errors, prefixed "[rank N]".
+void set_rank(int rank);
+Level parse_level(const std::string& name);  // trace|debug|info|warn|error|off, else throws
+
+void trace(std::string_view message);
+void debug(std::string_view message);
+void info(std::string_view message);
+void warn(std::string_view message);
+void error(std::string_view message);
+void flush();
+
+}  // namespace amplab::log

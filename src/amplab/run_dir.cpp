@@ -1,0 +1,92 @@
+#include "amplab/run_dir.hpp"
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+
+#include "amplab/device.hpp"
+#include "amplab/env.hpp"
+#include "amplab/error.hpp"
+#include "amplab/files.hpp"
+
+namespace amplab {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string local_time(const char* format) {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buffer[64];
+  std::strftime(buffer, sizeof buffer, format, &tm);
+  return buffer;
+}
+}  // namespace
+
+CsvLog::CsvLog(const std::string& path, std::vector<std::string> columns, bool append)
+    : columns_(columns.size()) {
+  bool exists = fs::exists(path);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (!out_) throw Error("cannot write '" + path + "'");
+  if (!append || !exists) row(columns);
+}
+
+void CsvLog::row(const std::vector<std::string>& cells) {
+  if (!out_.is_open()) return;
+  for (size_t i = 0; i < cells.size(); ++i) out_ << (i ? "," : "") << cells[i];
+  out_ << "\n";
+  out_.flush();
+}
+
+RunDir RunDir::none() { return RunDir(); }
+
+RunDir RunDir::create(const RunConfig& run, const std::string& lab, const std::string& resolved_config_yaml) {
+  RunDir dir;
+  dir.lab_ = lab;
+  dir.started_at_ = local_time("%Y-%m-%dT%H:%M:%S%z");
+  fs::path base = fs::path(run.out_dir) / lab;
+  std::error_code ec;
+  fs::create_directories(base, ec);
+  if (ec) throw Error("run.out_dir: cannot create '" + base.string() + "': " + ec.message());
+  std::string stamp = local_time("%Y%m%d-%H%M%S");
+  fs::path path = base / stamp;
+  for (int n = 2; !fs::create_directory(path, ec); ++n) {
+    if (ec) throw Error("run.out_dir: cannot create '" + path.string() + "': " + ec.message());
+    path = base / (stamp + "-" + std::to_string(n));
+  }
+  dir.path_ = path.string();
+  dir.config_hash_ = hex32(crc32_of(resolved_config_yaml));
+  write_file_atomic(dir.file("config.yaml"), resolved_config_yaml);
+  log::init(run.log_level, dir.file(lab + ".log"));
+  log::info("run directory: " + dir.path_);
+  return dir;
+}
+
+std::string RunDir::file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+void RunDir::write_summary(const nlohmann::json& results) const {
+  if (!enabled()) return;
+  nlohmann::json summary = results;
+  summary["lab"] = lab_;
+  summary["started_at"] = started_at_;
+  summary["finished_at"] = local_time("%Y-%m-%dT%H:%M:%S%z");
+  summary["config_hash"] = config_hash_;
+  summary["environment"] = to_json(collect_environment());
+  write_file_atomic(file("summary.json"), summary.dump(2) + "\n");
+}
+
+void apply_run_settings(const RunConfig& run) {
+  torch::manual_seed(static_cast<uint64_t>(run.seed));
+  if (run.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+}
+
+}  // namespace amplab

@@ -1,0 +1,90 @@
+#include "amplab/timing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#ifdef AMPLAB_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "amplab/device.hpp"
+#include "amplab/error.hpp"
+
+namespace amplab {
+
+double quantile(std::vector<double> samples, double q) {
+  if (samples.empty()) throw Error("quantile of no samples");
+  std::sort(samples.begin(), samples.end());
+  double position = q * static_cast<double>(samples.size() - 1);
+  auto lower = static_cast<size_t>(std::floor(position));
+  size_t upper = std::min(lower + 1, samples.size() - 1);
+  double fraction = position - static_cast<double>(lower);
+  return samples[lower] + (samples[upper] - samples[lower]) * fraction;
+}
+
+Summary summarize(std::vector<double> samples) {
+  Summary s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  s.count = samples.size();
+  s.median = quantile(samples, 0.5);
+  s.q1 = quantile(samples, 0.25);
+  s.q3 = quantile(samples, 0.75);
+  s.iqr = s.q3 - s.q1;
+  s.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size());
+  s.min = samples.front();
+  s.max = samples.back();
+  return s;
+}
+
+struct DeviceTimer::Events {
+#ifdef AMPLAB_WITH_CUDA
+  at::cuda::CUDAEvent begin{cudaEventDefault};
+  at::cuda::CUDAEvent end{cudaEventDefault};
+#endif
+};
+
+DeviceTimer::DeviceTimer(torch::Device device) : device_(device) {
+  if (device_.is_cuda()) events_ = std::make_unique<Events>();
+}
+DeviceTimer::~DeviceTimer() = default;
+
+void DeviceTimer::start() {
+#ifdef AMPLAB_WITH_CUDA
+  if (device_.is_cuda()) {
+    events_->begin.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    return;
+  }
+#endif
+  host_.restart();
+}
+
+double DeviceTimer::stop_ms() {
+#ifdef AMPLAB_WITH_CUDA
+  if (device_.is_cuda()) {
+    events_->end.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    events_->end.synchronize();
+    return events_->begin.elapsed_time(events_->end);
+  }
+#endif
+  return host_.milliseconds();
+}
+
+std::vector<double> time_repeats(const std::function<void()>& work, torch::Device device, int warmup,
+                                 int repeats) {
+  for (int i = 0; i < warmup; ++i) work();
+  synchronize(device);
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(std::max(repeats, 0)));
+  DeviceTimer timer(device);
+  for (int i = 0; i < repeats; ++i) {
+    timer.start();
+    work();
+    times.push_back(timer.stop_ms());
+  }
+  return times;
+}
+
+}  // namespace amplab

@@ -1,0 +1,63 @@
+// Timing that is right on a GPU: kernels run asynchronously, so a host clock read after launching
+// measures the launch, not the work. CUDA events (or a synchronize) bracket the work itself.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+namespace amplab {
+
+// Order statistics of repeated measurements. Quantiles interpolate linearly between the closest
+// ranks, as numpy.percentile and torch.quantile do by default.
+struct Summary {
+  size_t count = 0;
+  double median = 0;
+  double q1 = 0;   // 25th percentile
+  double q3 = 0;   // 75th percentile
+  double iqr = 0;  // q3 - q1
+  double mean = 0;
+  double min = 0;
+  double max = 0;
+};
+Summary summarize(std::vector<double> samples);
+double quantile(std::vector<double> samples, double q);  // q in [0, 1]
+
+// Host wall clock.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(Clock::now()) {}
+  void restart() { start_ = Clock::now(); }
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double milliseconds() const { return seconds() * 1e3; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start_;
+};
+
+// Brackets work on one device: CUDA events on the current stream of a GPU, the host clock
+// (after a synchronize) on the CPU. start(); ...queue work...; double ms = stop_ms();
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(torch::Device device);
+  ~DeviceTimer();
+  DeviceTimer(const DeviceTimer&) = delete;
+  DeviceTimer& operator=(const DeviceTimer&) = delete;
+  void start();
+  double stop_ms();  // waits for the work queued since start() and returns its duration
+
+ private:
+  torch::Device device_;
+  Stopwatch host_;
+  struct Events;
+  std::unique_ptr<Events> events_;
+};
+
+// Runs `work` `warmup` times untimed, then `repeats` times timed one by one; milliseconds each.
+std::vector<double> time_repeats(const std::function<void()>& work, torch::Device device, int warmup,
+                                 int repeats);
+
+}  // namespace amplab

@@ -1,0 +1,250 @@
+// The YAML config binding: values, defaults, every kind of error, --set, round trips, fuzzing.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "amplab/config.hpp"
+#include "amplab/precision.hpp"
+#include "support.hpp"
+
+namespace amplab {
+namespace {
+
+struct OptimSection {
+  double lr = 0.01;
+  int64_t warmup_steps = 0;
+  template <class V>
+  void fields(V& v) {
+    v.field("lr", lr, "learning rate", Range<double>::positive());
+    v.field("warmup_steps", warmup_steps, "linear warm-up", Range<int64_t>::at_least(0));
+  }
+};
+
+struct TrainSection {
+  int epochs = 1;
+  int64_t batch_size = 64;
+  bool shuffle = true;
+  Precision precision = Precision::fp32;
+  std::string name = "demo";
+  std::vector<std::string> modes = {"cpu"};
+  std::vector<int64_t> sizes = {1, 2};
+  OptimSection optim;
+  template <class V>
+  void fields(V& v) {
+    v.field("epochs", epochs, "passes over the data", Range<int64_t>::between(1, 1000));
+    v.field("batch_size", batch_size, "samples per step", Range<int64_t>::at_least(1));
+    v.field("shuffle", shuffle, "shuffle each epoch");
+    v.field("precision", precision, "numeric precision");
+    v.field("name", name, "a label");
+    v.field("modes", modes, "modes to run", {"cpu", "gpu", "gpu-amp"});
+    v.field("sizes", sizes, "sizes", Range<int64_t>::at_least(1));
+    v.section("optim", optim);
+  }
+};
+
+struct TopConfig {
+  TrainSection train;
+  std::string device = "auto";
+  template <class V>
+  void fields(V& v) {
+    v.field("device", device, "where to run");
+    v.section("train", train);
+  }
+};
+
+TopConfig bind(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  TopConfig c;
+  ConfigSource::parse(yaml, "test.yaml", sets).bind(c);
+  return c;
+}
+
+TEST(Config, EmptyDocumentKeepsDefaults) {
+  auto c = bind("");
+  EXPECT_EQ(c.train.epochs, 1);
+  EXPECT_EQ(c.train.batch_size, 64);
+  EXPECT_EQ(c.train.precision, Precision::fp32);
+  EXPECT_DOUBLE_EQ(c.train.optim.lr, 0.01);
+  EXPECT_EQ(c.device, "auto");
+}
+
+TEST(Config, ReadsEveryFieldType) {
+  auto c = bind(
+      "device: cuda:1\n"
+      "train:\n"
+      "  epochs: 7\n"
+      "  batch_size: 256\n"
+      "  shuffle: false\n"
+      "  precision: bf16-mixed\n"
+      "  name: hello world\n"
+      "  modes: [gpu, gpu-amp]\n"
+      "  sizes: [4, 8, 16]\n"
+      "  optim:\n"
+      "    lr: 1.5e-3\n");
+  EXPECT_EQ(c.device, "cuda:1");
+  EXPECT_EQ(c.train.epochs, 7);
+  EXPECT_EQ(c.train.batch_size, 256);
+  EXPECT_FALSE(c.train.shuffle);
+  EXPECT_EQ(c.train.precision, Precision::bf16_mixed);
+  EXPECT_EQ(c.train.name, "hello world");
+  EXPECT_EQ(c.train.modes, (std::vector<std::string>{"gpu", "gpu-amp"}));
+  EXPECT_EQ(c.train.sizes, (std::vector<int64_t>{4, 8, 16}));
+  EXPECT_DOUBLE_EQ(c.train.optim.lr, 1.5e-3);
+  EXPECT_EQ(c.train.optim.warmup_steps, 0);
+}
+
+TEST(Config, UnknownKeyNamesLineAndClosestKey) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 2\n  bach_size: 3\n"); },
+                                {"test.yaml:3", "unknown key 'train.bach_size'", "did you mean 'train.batch_size'"}));
+}
+
+TEST(Config, MisplacedKeySuggestsItsSection) {
+  EXPECT_TRUE(test::throws_with([] { bind("lr: 0.1\n"); }, {"test.yaml:1", "unknown key 'lr'", "'train.optim.lr'"}));
+}
+
+TEST(Config, UnknownKeyWithoutCloseMatchListsValidKeys) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  zzzzzzzzzzzz: 1\n"); },
+                                {"test.yaml:2", "unknown key 'train.zzzzzzzzzzzz'", "valid keys here", "epochs"}));
+}
+
+TEST(Config, WrongTypeNamesKeyAndWhatIsAllowed) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: many\n"); },
+                                {"test.yaml:2", "train.epochs", "an integer in [1, 1000]", "'many'"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  shuffle: maybe\n"); }, {"train.shuffle", "true or false"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 1.5\n"); }, {"train.epochs", "an integer"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  modes: gpu\n"); }, {"train.modes", "a list of"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train: 3\n"); }, {"test.yaml:1", "'train' is a section"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: [1]\n"); }, {"train.epochs", "a list"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs:\n"); }, {"train.epochs", "has no value"}));
+}
+
+TEST(Config, OutOfRangeValues) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 0\n"); }, {"train.epochs", "[1, 1000]", "'0'"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  optim:\n    lr: -1\n"); }, {"test.yaml:3", "train.optim.lr", "> 0"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  optim:\n    lr: .nan\n"); }, {"train.optim.lr", "> 0"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  optim:\n    lr: .inf\n"); }, {"train.optim.lr"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  batch_size: 99999999999999999999\n"); }, {"train.batch_size"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  sizes: [1, 0]\n"); }, {"train.sizes", ">= 1", "'0'"}));
+}
+
+TEST(Config, ChoicesListTheAllowedValues) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  precision: fp8\n"); },
+                                {"train.precision", "fp32, tf32, fp16-mixed, bf16-mixed", "'fp8'"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  modes: [cpu, tpu]\n"); }, {"train.modes", "cpu, gpu, gpu-amp", "'tpu'"}));
+}
+
+TEST(Config, DuplicateKeyIsAnError) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 2\n  epochs: 3\n"); }, {"train.epochs", "twice"}));
+}
+
+TEST(Config, SyntaxErrorNamesLineAndColumn) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: [1, 2\n"); }, {"test.yaml:", "not valid YAML"}));
+  EXPECT_TRUE(test::throws_with([] { bind("- a\n- b\n"); }, {"test.yaml:1", "expected a map of keys"}));
+}
+
+TEST(Config, MissingFileSaysWhichPathWasTried) {
+  EXPECT_TRUE(test::throws_with([] { ConfigSource::load("/nonexistent/x.yaml"); },
+                                {"'/nonexistent/x.yaml'", "cannot be opened"}));
+}
+
+TEST(Config, BinaryFileIsRefused) {
+  test::TempDir dir;
+  auto path = dir.write("bin.yaml", std::string("a: 1\0\x01\x02", 7));
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::load(path); }, {path, "not a text file"}));
+}
+
+TEST(Config, SetOverridesFileValuesAndCreatesSections) {
+  auto c = bind("train:\n  epochs: 2\n", {"train.epochs=5", "train.optim.lr=0.5", "train.modes=[gpu]", "device=cpu"});
+  EXPECT_EQ(c.train.epochs, 5);
+  EXPECT_DOUBLE_EQ(c.train.optim.lr, 0.5);
+  EXPECT_EQ(c.train.modes, (std::vector<std::string>{"gpu"}));
+  EXPECT_EQ(c.device, "cpu");
+}
+
+TEST(Config, SetErrorsNameTheOverride) {
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.epochs=abc"}); }, {"--set train.epochs=abc", "train.epochs", "an integer"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.epoch=3"}); },
+                                {"--set train.epoch=3", "unknown key 'train.epoch'", "did you mean 'train.epochs'"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.epochs"}); }, {"--set train.epochs", "KEY=VALUE"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train..epochs=1"}); }, {"empty key part"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.epochs="}); }, {"empty"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"device.x=1"}); }, {"--set device.x=1", "device: expected a string"}));
+}
+
+TEST(Config, WrittenYamlReadsBackToTheSameValues) {
+  auto c = bind("train:\n  epochs: 3\n  precision: fp16-mixed\n  modes: [gpu-amp, cpu]\n  optim:\n    lr: 0.1\n");
+  std::string yaml = to_yaml(c);
+  EXPECT_NE(yaml.find("# learning rate"), std::string::npos) << yaml;
+  TopConfig again;
+  ConfigSource::parse(yaml, "resolved.yaml").bind(again);
+  EXPECT_EQ(to_yaml(again), yaml);
+  EXPECT_EQ(again.train.precision, Precision::fp16_mixed);
+  EXPECT_DOUBLE_EQ(again.train.optim.lr, 0.1);
+}
+
+TEST(Config, DoublesSurviveTheRoundTripExactly) {
+  TopConfig c;
+  c.train.optim.lr = 0.1 + 1e-17 * 3;  // not representable in fewer than 17 digits
+  c.train.optim.lr = 1.0 / 3.0;
+  TopConfig again;
+  ConfigSource::parse(to_yaml(c), "r.yaml").bind(again);
+  EXPECT_EQ(again.train.optim.lr, c.train.optim.lr);
+}
+
+TEST(Config, DescribeKeysListsEveryKeyWithDefaults) {
+  TopConfig c;
+  std::string keys = describe_keys(c);
+  EXPECT_NE(keys.find("train.optim.lr = 0.01"), std::string::npos) << keys;
+  EXPECT_NE(keys.find("train.precision = fp32"), std::string::npos) << keys;
+  EXPECT_NE(keys.find("fp16-mixed"), std::string::npos) << keys;
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("same", "same"), 0u);
+}
+
+// Mutates valid configs thousands of times (flip, insert, delete, duplicate bytes and lines):
+// the loader must never crash, and every failure must be an amplab::Error naming the source.
+TEST(ConfigFuzz, MutatedConfigsFailCleanly) {
+  const std::vector<std::string> seeds = {
+      "device: cpu\ntrain:\n  epochs: 7\n  batch_size: 256\n  shuffle: false\n  precision: bf16-mixed\n"
+      "  modes: [gpu, gpu-amp]\n  sizes: [4, 8]\n  optim:\n    lr: 1.5e-3\n    warmup_steps: 10\n",
+      "train: {epochs: 2, optim: {lr: 0.1}}\n",
+      "# comment\ntrain:\n  name: \"quoted: value\"\n  modes:\n    - cpu\n    - gpu\n"};
+  const std::string alphabet = ":-[]{},#&*!|>'\"%@` \n\t0123456789.eE+abcxyz\x7f\xff";
+  std::mt19937 rng(12345);
+  int ok = 0, errors = 0;
+  const int iterations = 20000;
+  for (int i = 0; i < iterations; ++i) {
+    std::string text = seeds[rng() % seeds.size()];
+    int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !text.empty(); ++e) {
+      size_t pos = rng() % text.size();
+      switch (rng() % 5) {
+        case 0: text[pos] = alphabet[rng() % alphabet.size()]; break;
+        case 1: text.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
+        case 2: text.erase(pos, 1 + rng() % 8); break;
+        case 3: text.insert(pos, text.substr(pos, rng() % 16)); break;
+        case 4: text[pos] = static_cast<char>(rng() % 256); break;
+      }
+    }
+    try {
+      TopConfig c;
+      ConfigSource::parse(text, "fuzz.yaml").bind(c);
+      ++ok;
+    } catch (const Error& e) {
+      std::string message = e.what();
+      ASSERT_NE(message.find("fuzz.yaml"), std::string::npos) << "input:\n" << text << "\nmessage: " << message;
+      ASSERT_EQ(message.find('\n'), std::string::npos) << "multi-line message: " << message;
+      ++errors;
+    }
+  }
+  std::cout << "[ fuzz     ] config loader: " << iterations << " mutated inputs, " << ok << " accepted, " << errors
+            << " rejected with a clean error, 0 crashes\n";
+  EXPECT_EQ(ok + errors, iterations);
+  EXPECT_GT(errors, iterations / 10);
+}
+
+}  // namespace
+}  // namespace amplab

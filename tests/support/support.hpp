@@ -1,0 +1,50 @@
+// Test helpers: temporary directories, tensor comparison that reports the first mismatch,
+// error-message matching, and skipping GPU tests where there is no GPU.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace amplab::test {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string write(const std::string& name, const std::string& content) const;  // returns the path
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Sizes, dtypes and NaN positions must agree; then values must agree within atol + rtol * |expected|
+// (after upcasting fp16/bf16 to fp32). On failure: the index, expected and actual of the first
+// mismatch, and the largest error.
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         double rtol, double atol);
+// Bit for bit: same dtype, shape and bytes.
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected);
+
+// Runs `fn` and checks that it throws std::exception whose message contains every one of `parts`.
+::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts);
+
+// The project root and the build directory (set by CMake in the test environment).
+std::string source_dir();
+std::string binary_dir();
+
+}  // namespace amplab::test
+
+// Skips the current test when no CUDA device is visible (CI); runs it on the GPU machine.
+#define AMPLAB_REQUIRE_CUDA()                                           \
+  do {                                                                  \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
