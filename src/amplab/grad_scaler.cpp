@@ -1,0 +1,163 @@
+// Follows torch/amp/grad_scaler.py (PyTorch 2.11) step by step; the two kernels that do the
+// work (_amp_foreach_non_finite_check_and_unscale_ and _amp_update_scale_) are PyTorch's own.
+#include "amplab/grad_scaler.hpp"
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <torch/torch.h>
+
+#include "amplab/error.hpp"
+
+namespace amplab {
+
+GradScaler::GradScaler(const GradScalerConfig& config)
+    : enabled_(config.enabled),
+      init_scale_(config.init_scale),
+      growth_factor_(config.growth_factor),
+      backoff_factor_(config.backoff_factor),
+      growth_interval_(config.growth_interval) {
+  if (enabled_) {
+    if (!(growth_factor_ > 1.0)) throw Error("GradScaler: the growth factor must be > 1.0");
+    if (!(backoff_factor_ < 1.0)) throw Error("GradScaler: the backoff factor must be < 1.0");
+  }
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
+  if (!enabled_) return loss;
+  if (!scale_.defined()) {  // lazily, on the device of the first loss
+    scale_ = torch::full({}, init_scale_, torch::dtype(torch::kFloat32).device(loss.device()));
+    growth_tracker_ = torch::full({}, init_growth_tracker_, torch::dtype(torch::kInt32).device(loss.device()));
+  }
+  return loss * scale_.to(loss.device(), /*non_blocking=*/true);
+}
+
+void GradScaler::check_initialized(const char* what) const {
+  if (!scale_.defined())
+    throw Error(std::string("GradScaler: attempted ") + what +
+                " but the scale is not initialized yet; this may be the first iteration: call scale(loss) first");
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!enabled_) return;
+  check_initialized("unscale_");
+  OptimizerState& state = per_optimizer_[&optimizer];
+  if (state.stage == Stage::unscaled)
+    throw Error("GradScaler: unscale_() has already been called on this optimizer since the last update()");
+  if (state.stage == Stage::stepped) throw Error("GradScaler: unscale_() is being called after step()");
+
+  // FP32 division can be imprecise for certain compile options, so the reciprocal is taken in FP64.
+  torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  torch::Tensor found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(scale_.device()));
+
+  // Gradients grouped by device, then dtype: one fused kernel call per group.
+  std::map<std::string, std::map<c10::ScalarType, std::vector<torch::Tensor>>> groups;
+  std::map<std::string, torch::Device> devices;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& param : group.params()) {
+        if (!param.grad().defined()) continue;
+        torch::Tensor grad = param.grad();
+        if (grad.scalar_type() == torch::kHalf)
+          throw Error("GradScaler: attempting to unscale FP16 gradients; keep the parameters in fp32 "
+                      "(autocast casts them for the forward pass)");
+        torch::Tensor to_unscale = grad;
+        if (grad.is_sparse()) to_unscale = grad._values();
+        std::string key = to_unscale.device().str();
+        devices.emplace(key, to_unscale.device());
+        groups[key][to_unscale.scalar_type()].push_back(to_unscale);
+      }
+    }
+    for (auto& [key, per_dtype] : groups) {
+      torch::Device device = devices.at(key);
+      torch::Tensor device_found_inf = found_inf.device() == device ? found_inf : found_inf.to(device);
+      torch::Tensor device_inv_scale = inv_scale.device() == device ? inv_scale : inv_scale.to(device);
+      for (auto& [dtype, grads] : per_dtype)
+        at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, device_inv_scale);
+      if (reduce_found_inf_) reduce_found_inf_(device_found_inf);
+      state.found_inf_per_device[key] = device_found_inf;
+    }
+  }
+  if (groups.empty()) {  // no gradients at all: PyTorch still records the (zero) found_inf
+    if (reduce_found_inf_) reduce_found_inf_(found_inf);
+    state.found_inf_per_device[found_inf.device().str()] = found_inf;
+  }
+  state.stage = Stage::unscaled;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!enabled_) {
+    optimizer.step();
+    return true;
+  }
+  check_initialized("step");
+  OptimizerState& state = per_optimizer_[&optimizer];
+  if (state.stage == Stage::stepped) throw Error("GradScaler: step() has already been called since the last update()");
+  if (state.stage == Stage::ready) unscale_(optimizer);
+  OptimizerState& after = per_optimizer_[&optimizer];
+  if (after.found_inf_per_device.empty()) throw Error("GradScaler: no inf checks were recorded for this optimizer");
+
+  double found = 0;
+  for (auto& [device, found_inf] : after.found_inf_per_device) found += found_inf.item<double>();
+  bool stepped = false;
+  if (found == 0) {
+    optimizer.step();
+    stepped = true;
+  }
+  after.stage = Stage::stepped;
+  return stepped;
+}
+
+void GradScaler::update() {
+  if (!enabled_) return;
+  check_initialized("update");
+  std::vector<torch::Tensor> found_infs;
+  for (auto& [optimizer, state] : per_optimizer_)
+    for (auto& [device, found_inf] : state.found_inf_per_device)
+      found_infs.push_back(found_inf.to(scale_.device(), /*non_blocking=*/true));
+  if (found_infs.empty()) throw Error("GradScaler: no inf checks were recorded prior to update()");
+  torch::Tensor found_inf_combined = found_infs[0];
+  for (size_t i = 1; i < found_infs.size(); ++i) found_inf_combined = found_inf_combined + found_infs[i];
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_combined, growth_factor_, backoff_factor_, growth_interval_);
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!enabled_) return;
+  check_initialized("update");
+  scale_.fill_(new_scale);
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!enabled_) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : init_scale_;
+}
+
+int64_t GradScaler::growth_tracker() const {
+  if (!enabled_) return 0;
+  return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
+}
+
+GradScalerState GradScaler::state() const {
+  GradScalerState s;
+  s.scale = get_scale();
+  s.growth_factor = growth_factor_;
+  s.backoff_factor = backoff_factor_;
+  s.growth_interval = growth_interval_;
+  s.growth_tracker = growth_tracker();
+  return s;
+}
+
+void GradScaler::load_state(const GradScalerState& s) {
+  if (!enabled_) return;
+  init_scale_ = s.scale;
+  if (scale_.defined()) scale_.fill_(s.scale);
+  growth_factor_ = s.growth_factor;
+  backoff_factor_ = s.backoff_factor;
+  growth_interval_ = s.growth_interval;
+  init_growth_tracker_ = s.growth_tracker;
+  if (growth_tracker_.defined()) growth_tracker_.fill_(s.growth_tracker);
+}
+
+}  // namespace amplab
