@@ -1,0 +1,96 @@
+// The epoch loop around Trainer::step(): batches, logging every log_every steps (the only host
+// syncs besides fp16's skip decision), metrics files, divergence guard, checkpoints, Ctrl-C,
+// out-of-memory handling and exact resume.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "amplab/checkpoint.hpp"
+#include "amplab/data/sampler.hpp"
+#include "amplab/run_dir.hpp"
+#include "amplab/trainer.hpp"
+
+namespace amplab {
+
+// Where batches come from.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual void set_epoch(int64_t epoch) = 0;   // reshuffle for this epoch
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual Batch batch(int64_t index) = 0;      // on the training device
+};
+
+// Samples held in tensors (on the CPU or already on the device), batched by an EpochSampler.
+// `transform` turns a gathered input batch into the model's input (e.g. uint8 -> normalised float).
+class TensorBatches : public BatchSource {
+ public:
+  TensorBatches(torch::Tensor inputs, torch::Tensor targets, EpochSampler sampler, torch::Device device,
+                std::function<torch::Tensor(const torch::Tensor&)> transform = nullptr);
+  void set_epoch(int64_t epoch) override { sampler_.set_epoch(epoch); }
+  int64_t batches_per_epoch() const override { return sampler_.batches_per_epoch(); }
+  Batch batch(int64_t index) override;
+  const EpochSampler& sampler() const { return sampler_; }
+
+ private:
+  torch::Tensor inputs_, targets_;
+  EpochSampler sampler_;
+  torch::Device device_;
+  std::function<torch::Tensor(const torch::Tensor&)> transform_;
+};
+
+struct EpochRecord {
+  std::string tag;
+  int64_t epoch = 0;              // 1-based in reports
+  double train_loss = 0;          // mean over the epoch's optimizer steps
+  double seconds = 0;             // training time of the epoch (evaluation excluded)
+  double samples_per_second = 0;
+  int64_t steps = 0;              // optimizer steps in this epoch
+  int64_t skipped_steps = 0;      // steps the GradScaler skipped (fp16)
+  double loss_scale = 1.0;        // at the end of the epoch
+  nlohmann::json eval;            // what FitOptions::evaluate returned
+};
+
+enum class FitStatus { completed, interrupted, diverged, out_of_memory };
+
+struct FitResult {
+  FitStatus status = FitStatus::completed;
+  int exit_code = 0;               // 0, 130/143 (interrupted), 1 (diverged / out of memory)
+  std::string message;             // why it stopped, when it did not complete
+  std::string last_checkpoint;     // "" if none was written
+  std::vector<EpochRecord> epochs;
+  TrainingPosition position;       // where it stopped
+};
+
+// Cross-process agreement for distributed runs; the defaults are single-process.
+struct DistributedHooks {
+  bool is_main = true;                                               // writes files and logs
+  std::function<bool(bool)> any = [](bool local) { return local; };  // true if true on any rank
+  std::function<torch::Tensor(const torch::Tensor&)> mean = [](const torch::Tensor& t) { return t; };
+};
+
+struct FitOptions {
+  std::string lab;                 // checkpoints record it and refuse another lab's
+  std::string tag;                 // labels rows in metrics.csv and the checkpoint (e.g. "gpu-amp")
+  std::string config_yaml;         // saved into checkpoints
+  uint64_t data_seed = 0;          // the sampler's seed, kept in checkpoints
+  const RunDir* run_dir = nullptr; // metrics.csv, steps.csv, memory timeline (nullptr: none)
+  CheckpointConfig checkpoint;
+  std::string checkpoint_dir;      // resolved directory ("" disables checkpoints)
+  std::string resume;              // --resume: a path, "latest" or ""
+  std::function<nlohmann::json(int64_t epoch)> evaluate;  // after each epoch (epoch 1-based)
+  DistributedHooks dist;
+};
+
+FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options);
+
+// The default checkpoint directory of a lab: <run.out_dir>/<lab>/checkpoints unless set.
+std::string checkpoint_dir_for(const CheckpointConfig& checkpoint, const RunConfig& run, const std::string& lab);
+
+}  // namespace amplab

@@ -1,0 +1,98 @@
+#include "amplab/trainer.hpp"
+
+#include <torch/torch.h>
+
+#include "amplab/device.hpp"
+#include "amplab/error.hpp"
+#include "amplab/grad_clip.hpp"
+
+namespace amplab {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
+                                                        const OptimizerConfig& c) {
+  if (c.name == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        parameters, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  if (c.name == "adam")
+    return std::make_unique<torch::optim::Adam>(
+        parameters, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+  if (c.name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(
+        parameters, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+  throw Error("train.optimizer.name: '" + c.name + "' is not allowed; use one of: sgd, adam, adamw");
+}
+
+namespace {
+GradScalerConfig scaler_config_for(const TrainConfig& config) {
+  GradScalerConfig scaler = config.grad_scaler;
+  // auto: fp16 only; bf16 and fp32 have fp32's exponent range, so the scaler is a pass-through.
+  scaler.enabled = config.loss_scaling == "on" || (config.loss_scaling == "auto" && needs_loss_scaling(config.precision));
+  return scaler;
+}
+}  // namespace
+
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config,
+                 torch::Device device, const MemoryConfig& memory)
+    : model_(std::move(model)),
+      loss_fn_(std::move(loss_fn)),
+      config_(config),
+      device_(device),
+      scaler_(scaler_config_for(config)),
+      memory_(device, memory),
+      tf32_(config.precision == Precision::tf32) {
+  check_supported(config_.precision, device_);
+  check_on_device(*model_, device_);
+  parameters_ = model_->parameters();
+  optimizer_ = make_optimizer(parameters_, config_.optimizer);
+}
+
+void Trainer::enter(Phase phase) {
+  phase_ = phase;
+  memory_.begin(phase);
+}
+
+// ---- The training step --------------------------------------------------------------------
+StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>& micro_batch) {
+  StepResult result;
+  torch::Tensor loss_sum;
+  for (int64_t i = 0; i < group_size; ++i) {
+    const bool last = i + 1 == group_size;
+    Batch batch = micro_batch(i);
+    result.samples += batch.size();
+    if (sync_) sync_->before_forward();
+
+    // 1. Forward pass under autocast: matmuls and convolutions run in fp16/bf16, reductions and
+    //    the loss in fp32 (a no-op guard for fp32/tf32).
+    enter(Phase::forward);
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(device_, config_.precision);
+      loss = loss_fn_(batch);
+    }
+
+    // 2. Backward pass of the scaled loss. Dividing by the group size makes the accumulated
+    //    gradient the mean over all micro-batches, as one big batch would give.
+    enter(Phase::backward);
+    if (sync_) sync_->before_backward(/*reduce_after_this=*/last);
+    scaler_.scale(loss / static_cast<double>(group_size)).backward();
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach().clone();
+  }
+
+  // 3. Optimizer step: wait for the gradient all-reduce (DDP), unscale (fp16), clip, step unless
+  //    an inf/NaN was found, adjust the loss scale, clear the gradients.
+  enter(Phase::optimizer);
+  if (sync_) sync_->finish();
+  scaler_.unscale_(*optimizer_);
+  if (config_.grad_clip_norm > 0) result.grad_norm = clip_grad_norm_(parameters_, config_.grad_clip_norm);
+  result.stepped = scaler_.step(*optimizer_);
+  scaler_.update();
+  optimizer_->zero_grad(/*set_to_none=*/!(sync_ && sync_->zero_grad_in_place()));
+
+  memory_.end_step(global_step_);
+  phase_ = Phase::other;
+  ++global_step_;
+  result.loss = loss_sum / static_cast<double>(group_size);
+  return result;
+}
+
+}  // namespace amplab

@@ -1,0 +1,147 @@
+// The training step. Trainer::step() is the one function that reads top to bottom: forward
+// under autocast, scaled backward per micro-batch, then unscale, clip, step-or-skip, update.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "amplab/config.hpp"
+#include "amplab/grad_scaler.hpp"
+#include "amplab/memory.hpp"
+#include "amplab/precision.hpp"
+
+namespace amplab {
+
+struct OptimizerConfig {
+  std::string name = "sgd";   // sgd | adam | adamw
+  double lr = 0.01;           // learning rate
+  double momentum = 0.0;      // sgd only
+  double weight_decay = 0.0;  // L2 penalty (sgd, adam) or decoupled decay (adamw)
+  double beta1 = 0.9;         // adam/adamw
+  double beta2 = 0.999;       // adam/adamw
+  double eps = 1e-8;          // adam/adamw
+
+  template <class V>
+  void fields(V& v) {
+    v.choice("name", name, {"sgd", "adam", "adamw"}, "optimizer");
+    v.field("lr", lr, "learning rate", Range<double>::positive());
+    v.field("momentum", momentum, "SGD momentum", Range<double>::between(0, 1));
+    v.field("weight_decay", weight_decay, "weight decay", Range<double>::at_least(0));
+    v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
+    v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
+    v.field("eps", eps, "Adam epsilon", Range<double>::positive());
+  }
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
+                                                        const OptimizerConfig& config);
+
+struct TrainConfig {
+  int epochs = 1;                       // passes over the training set
+  int64_t batch_size = 64;              // samples per micro-batch (per process in DDP)
+  int accumulation_steps = 1;           // micro-batches per optimizer step
+  Precision precision = Precision::fp32;
+  std::string loss_scaling = "auto";    // auto (fp16-mixed only) | on | off
+  double grad_clip_norm = 0.0;          // clip the global gradient 2-norm to this (0: off)
+  int64_t log_every = 50;               // optimizer steps between log lines (each costs a host sync)
+  int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
+  bool drop_last = false;               // skip the last, smaller batch of an epoch
+  int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
+  double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
+  bool progress = true;                 // progress bar with ETA on interactive terminals
+  OptimizerConfig optimizer;
+  GradScalerConfig grad_scaler;         // used when loss scaling is on
+
+  template <class V>
+  void fields(V& v) {
+    v.field("epochs", epochs, "passes over the training set", Range<int64_t>::at_least(1));
+    v.field("batch_size", batch_size, "samples per micro-batch (per process)", Range<int64_t>::at_least(1));
+    v.field("accumulation_steps", accumulation_steps, "micro-batches per optimizer step", Range<int64_t>::at_least(1));
+    v.field("precision", precision, "numeric precision");
+    v.choice("loss_scaling", loss_scaling, {"auto", "on", "off"}, "GradScaler: auto = only for fp16-mixed");
+    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
+    v.field("log_every", log_every, "optimizer steps between log lines", Range<int64_t>::at_least(1));
+    v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
+    v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
+    v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
+            Range<int64_t>::at_least(1));
+    v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
+    v.field("progress", progress, "progress bar on interactive terminals");
+    v.section("optimizer", optimizer);
+    v.section("grad_scaler", grad_scaler);
+  }
+};
+
+// Inputs and targets of one micro-batch, on the training device.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+  int64_t size() const { return input.size(0); }
+};
+
+// Forward pass plus loss: what a lab supplies. Runs under the autocast guard.
+using LossFn = std::function<torch::Tensor(const Batch&)>;
+
+// Data-parallel training plugs in here (dist/ddp.hpp): the trainer tells it which backward
+// passes must all-reduce, and waits for the reduction before the optimizer step.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void before_forward() {}                       // e.g. broadcast buffers from rank 0
+  virtual void before_backward(bool reduce_after_this) = 0;  // false inside an accumulation group
+  virtual void finish() = 0;                             // wait for all-reduces; grads averaged
+  virtual bool zero_grad_in_place() const { return false; }  // gradients are views into buffers
+};
+
+struct StepResult {
+  torch::Tensor loss;       // mean loss over the group's micro-batches (0-dim, on the device, no sync)
+  torch::Tensor grad_norm;  // total gradient norm before clipping (undefined when not clipping)
+  bool stepped = true;      // false when the scaler skipped the step (inf/NaN gradients)
+  int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config, torch::Device device,
+          const MemoryConfig& memory = {});
+
+  // One optimizer step over `group_size` micro-batches; micro_batch(i) returns the i-th.
+  StepResult step(int64_t group_size, const std::function<Batch(int64_t)>& micro_batch);
+
+  torch::nn::Module& model() { return *model_; }
+  const std::shared_ptr<torch::nn::Module>& model_ptr() const { return model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  GradScaler& scaler() { return scaler_; }
+  MemoryTracker& memory() { return memory_; }
+  const TrainConfig& config() const { return config_; }
+  torch::Device device() const { return device_; }
+  Precision precision() const { return config_.precision; }
+  int64_t global_step() const { return global_step_; }  // optimizer steps taken (skipped ones too)
+  void set_global_step(int64_t step) { global_step_ = step; }
+  Phase current_phase() const { return phase_; }
+  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+
+ private:
+  void enter(Phase phase);
+
+  std::shared_ptr<torch::nn::Module> model_;
+  LossFn loss_fn_;
+  TrainConfig config_;
+  torch::Device device_;
+  std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  GradScaler scaler_;
+  MemoryTracker memory_;
+  Tf32Guard tf32_;  // TF32 only for precision tf32 (fp32 means IEEE fp32 matmuls and convolutions)
+  GradientSync* sync_ = nullptr;
+  Phase phase_ = Phase::other;
+  int64_t global_step_ = 0;
+};
+
+}  // namespace amplab

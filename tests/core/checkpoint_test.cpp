@@ -1,0 +1,181 @@
+// Checkpoint contents, integrity errors and the checkpoint directory.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "amplab/checkpoint.hpp"
+#include "amplab/files.hpp"
+#include "support.hpp"
+
+namespace amplab {
+namespace {
+
+struct Model : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+  explicit Model(int64_t width = 5) {
+    fc = register_module("fc", torch::nn::Linear(4, width));
+    norm = register_module("norm", torch::nn::BatchNorm1d(width));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return norm(fc(x)); }
+};
+
+struct Toy {
+  std::shared_ptr<Model> model;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+  GradScaler scaler;
+  explicit Toy(int64_t width = 5) : model(std::make_shared<Model>(width)) {
+    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
+  }
+  TrainingState state() { return {*model, *optimizer, scaler}; }
+  void train(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      optimizer->zero_grad();
+      scaler.scale(model->forward(torch::randn({8, 4})).pow(2).mean()).backward();
+      scaler.step(*optimizer);
+      scaler.update();
+    }
+  }
+};
+
+CheckpointInfo info_at(int64_t step) {
+  CheckpointInfo info;
+  info.lab = "toy";
+  info.tag = "t";
+  info.config_yaml = "train:\n  lr: 0.1\n";
+  info.position = {2, 6, step, 9};
+  return info;
+}
+
+TEST(Checkpoint, RoundTripRestoresEverything) {
+  test::TempDir dir;
+  torch::manual_seed(1);
+  Toy a;
+  a.train(3);
+  std::string path = dir.file("a.ckpt");
+  save_checkpoint(path, a.state(), info_at(3));
+  auto expected_next_random = torch::randn({4});
+
+  torch::manual_seed(99);
+  Toy b;
+  auto state = b.state();
+  CheckpointInfo info = load_checkpoint(path, state, "toy");
+  EXPECT_EQ(info.position.epoch, 2);
+  EXPECT_EQ(info.position.next_batch, 6);
+  EXPECT_EQ(info.position.global_step, 3);
+  EXPECT_EQ(info.position.data_seed, 9u);
+  EXPECT_EQ(info.config_yaml, "train:\n  lr: 0.1\n");
+  EXPECT_EQ(info.lab, "toy");
+  for (size_t i = 0; i < a.model->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_equal(b.model->parameters()[i], a.model->parameters()[i]));
+  EXPECT_TRUE(test::tensors_equal(b.model->norm->running_mean, a.model->norm->running_mean));
+  EXPECT_EQ(b.scaler.get_scale(), a.scaler.get_scale());
+  EXPECT_EQ(b.scaler.growth_tracker(), 3);
+  EXPECT_TRUE(test::tensors_equal(torch::randn({4}), expected_next_random));  // RNG restored
+  // Same optimizer moments: one more identical step keeps the models identical.
+  torch::manual_seed(5);
+  a.train(1);
+  torch::manual_seed(5);
+  b.train(1);
+  for (size_t i = 0; i < a.model->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_equal(b.model->parameters()[i], a.model->parameters()[i]));
+}
+
+class CorruptCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(1);
+    good_ = dir_.file("good.ckpt");
+    save_checkpoint(good_, setup_.state(), info_at(1));
+    bytes_ = read_file(good_);
+  }
+  // Loading `bytes` into a fresh model must fail with `parts` and leave the model unchanged.
+  void expect_rejected(const std::string& bytes, std::initializer_list<std::string> parts, int64_t width = 5) {
+    std::string path = dir_.write("bad.ckpt", bytes);
+    Toy fresh(width);
+    auto before = fresh.model->fc->weight.clone();
+    auto state = fresh.state();
+    EXPECT_TRUE(test::throws_with([&] { load_checkpoint(path, state, "toy"); }, parts));
+    EXPECT_TRUE(test::tensors_equal(fresh.model->fc->weight, before)) << "a failed load changed the model";
+  }
+  test::TempDir dir_;
+  Toy setup_;
+  std::string good_, bytes_;
+};
+
+TEST_F(CorruptCheckpoint, Truncated) {
+  expect_rejected(bytes_.substr(0, bytes_.size() - 100), {"bad.ckpt", "truncated"});
+  expect_rejected(bytes_.substr(0, 10), {"bad.ckpt", "not an amplab checkpoint"});
+}
+
+TEST_F(CorruptCheckpoint, BitFlipAnywhereInTheData) {
+  for (size_t offset : {size_t{30}, bytes_.size() / 2, bytes_.size() - 1}) {
+    std::string flipped = bytes_;
+    flipped[offset] ^= 0x10;
+    expect_rejected(flipped, {"bad.ckpt", "corrupt", "checksum"});
+  }
+}
+
+TEST_F(CorruptCheckpoint, WrongFormat) {
+  expect_rejected("PK\x03\x04 this is a zip, perhaps a torch.save file", {"not an amplab checkpoint"});
+  expect_rejected("", {"not an amplab checkpoint"});
+}
+
+TEST_F(CorruptCheckpoint, WrongVersion) {
+  std::string newer = bytes_;
+  newer[8] = 7;  // format version field
+  expect_rejected(newer, {"format version 7", "this build reads version 1", "newer amplab"});
+}
+
+TEST_F(CorruptCheckpoint, WrongModelNamesTheFirstMismatchingTensor) {
+  expect_rejected(bytes_, {"does not match the model", "'param:fc.weight'", "[5, 4]", "[6, 4]"}, /*width=*/6);
+}
+
+TEST_F(CorruptCheckpoint, WrongLab) {
+  Toy fresh;
+  auto state = fresh.state();
+  EXPECT_TRUE(test::throws_with([&] { load_checkpoint(good_, state, "mnist"); }, {"written by the toy lab, not mnist"}));
+}
+
+TEST_F(CorruptCheckpoint, MissingFile) {
+  Toy fresh;
+  auto state = fresh.state();
+  EXPECT_TRUE(test::throws_with([&] { load_checkpoint(dir_.file("nope.ckpt"), state, "toy"); }, {"nope.ckpt", "does not exist"}));
+}
+
+TEST(CheckpointManager, KeepsTheLastKAndPointsLatestAtTheNewest) {
+  test::TempDir dir;
+  Toy s;
+  CheckpointManager manager(dir.file("ckpts"), 2);
+  for (int64_t step : {1, 2, 3, 4}) manager.save(s.state(), info_at(step));
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("ckpts"))) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"latest", "step-00000003.ckpt", "step-00000004.ckpt"}));
+  EXPECT_EQ(manager.resolve("latest"), dir.file("ckpts") + "/step-00000004.ckpt");
+  EXPECT_EQ(read_checkpoint_info(manager.resolve("latest")).position.global_step, 4);
+}
+
+TEST(CheckpointManager, ResolveErrors) {
+  test::TempDir dir;
+  CheckpointManager manager(dir.file("empty"), 2);
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"no checkpoint in", "empty"}));
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve("/nope.ckpt"); }, {"/nope.ckpt", "does not exist"}));
+}
+
+TEST(AtomicWrite, ReplacesWholeFilesAndLeavesNoTemporary) {
+  test::TempDir dir;
+  std::string path = dir.file("f.txt");
+  write_file_atomic(path, "first");
+  write_file_atomic(path, "second");
+  EXPECT_EQ(read_file(path), "second");
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) (void)e, ++entries;
+  EXPECT_EQ(entries, 1);
+  EXPECT_STREQ(atomic_write_in_progress(), "");
+  EXPECT_TRUE(test::throws_with([&] { write_file_atomic(dir.file("missing/dir/f"), "x"); }, {"cannot create"}));
+}
+
+}  // namespace
+}  // namespace amplab

@@ -1,0 +1,279 @@
+// The training step and loop: accumulation equals a big batch, autocast dtypes, loss scaling in
+// the step, the divergence guard, exact resume from checkpoints, and metrics files.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "amplab/checkpoint.hpp"
+#include "amplab/loop.hpp"
+#include "amplab/trainer.hpp"
+#include "support.hpp"
+
+namespace amplab {
+namespace {
+
+// Small MLP with dropout, so that resuming must restore the RNG to be exact.
+struct Net : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  explicit Net(double p = 0.0) {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
+    dropout = register_module("dropout", torch::nn::Dropout(p));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(dropout(torch::relu(fc1(x)))); }
+};
+
+LossFn cross_entropy(std::shared_ptr<Net> net) {
+  return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
+}
+
+struct ToyData {
+  torch::Tensor x, y;
+  explicit ToyData(int64_t n, uint64_t seed = 7) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    x = torch::randn({n, 6}, g);
+    y = torch::randint(0, 3, {n}, g, torch::kInt64);
+  }
+};
+
+TrainConfig sgd_config(int64_t batch, int accumulation) {
+  TrainConfig c;
+  c.batch_size = batch;
+  c.accumulation_steps = accumulation;
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+  c.progress = false;
+  c.log_every = 1000;
+  return c;
+}
+
+// N micro-batches of B give the same parameters as one batch of N*B. Not bitwise: the big batch
+// sums N*B per-sample gradients in one reduction, accumulation sums N partial means, and fp32
+// addition is not associative; the difference is a few ulps.
+TEST(Trainer, AccumulationMatchesOneBigBatch) {
+  torch::manual_seed(0);
+  ToyData data(32);
+  auto big = std::make_shared<Net>(), small = std::make_shared<Net>();
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < big->parameters().size(); ++i) small->parameters()[i].copy_(big->parameters()[i]);
+  }
+  Trainer one(big, cross_entropy(big), sgd_config(16, 1), torch::kCPU);
+  Trainer four(small, cross_entropy(small), sgd_config(4, 4), torch::kCPU);
+  for (int step = 0; step < 3; ++step) {
+    auto x = data.x.narrow(0, step * 8, 16), y = data.y.narrow(0, step * 8, 16);
+    one.step(1, [&](int64_t) { return Batch{x, y}; });
+    four.step(4, [&](int64_t i) { return Batch{x.narrow(0, i * 4, 4), y.narrow(0, i * 4, 4)}; });
+  }
+  for (size_t i = 0; i < big->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_close(small->parameters()[i], big->parameters()[i], 1e-5, 1e-6)) << "parameter " << i;
+}
+
+TEST(Trainer, StepReturnsTheMeanLossOnTheDeviceAndClearsGradients) {
+  torch::manual_seed(0);
+  ToyData data(8);
+  auto net = std::make_shared<Net>();
+  auto expected = torch::nn::functional::cross_entropy(net->forward(data.x.narrow(0, 0, 4)), data.y.narrow(0, 0, 4)).detach();
+  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU);
+  auto r = trainer.step(1, [&](int64_t) { return Batch{data.x.narrow(0, 0, 4), data.y.narrow(0, 0, 4)}; });
+  EXPECT_TRUE(test::tensors_equal(r.loss, expected));
+  EXPECT_TRUE(r.stepped);
+  EXPECT_EQ(r.samples, 4);
+  EXPECT_EQ(trainer.global_step(), 1);
+  for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Trainer, Bf16MixedOnCpuRunsUnderAutocastWithoutAScaler) {
+  torch::manual_seed(0);
+  ToyData data(64);
+  auto net = std::make_shared<Net>();
+  torch::ScalarType seen = torch::kFloat;
+  LossFn loss_fn = [&](const Batch& b) {
+    auto logits = net->forward(b.input);
+    seen = logits.scalar_type();
+    return torch::nn::functional::cross_entropy(logits, b.target);
+  };
+  auto config = sgd_config(16, 1);
+  config.precision = Precision::bf16_mixed;
+  Trainer trainer(net, loss_fn, config, torch::kCPU);
+  EXPECT_FALSE(trainer.scaler().is_enabled());
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    auto r = trainer.step(1, [&](int64_t) { return Batch{data.x.narrow(0, (step % 4) * 16, 16), data.y.narrow(0, (step % 4) * 16, 16)}; });
+    if (step == 0) first = r.loss.item<double>();
+    last = r.loss.item<double>();
+  }
+  EXPECT_EQ(seen, torch::kBFloat16);
+  EXPECT_EQ(net->fc1->weight.scalar_type(), torch::kFloat);  // parameters stay fp32
+  EXPECT_LT(last, first);
+}
+
+TEST(Trainer, RejectsPrecisionTheDeviceCannotRun) {
+  auto net = std::make_shared<Net>();
+  auto config = sgd_config(4, 1);
+  config.precision = Precision::fp16_mixed;
+  EXPECT_TRUE(test::throws_with([&] { Trainer t(net, cross_entropy(net), config, torch::kCPU); }, {"fp16-mixed needs a GPU"}));
+}
+
+TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
+  torch::manual_seed(0);
+  ToyData data(8);
+  auto net = std::make_shared<Net>();
+  bool poison = true;
+  LossFn loss_fn = [&](const Batch& b) {
+    auto loss = torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
+    return poison ? loss * std::numeric_limits<float>::infinity() : loss;
+  };
+  auto config = sgd_config(8, 1);
+  config.loss_scaling = "on";
+  Trainer trainer(net, loss_fn, config, torch::kCPU);
+  auto before = net->fc1->weight.clone();
+  auto r = trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
+  EXPECT_FALSE(r.stepped);
+  EXPECT_TRUE(test::tensors_equal(net->fc1->weight, before));
+  EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
+  poison = false;
+  EXPECT_TRUE(trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; }).stepped);
+}
+
+TEST(Trainer, ClippingSeesUnscaledGradients) {
+  torch::manual_seed(0);
+  ToyData data(8);
+  auto a = std::make_shared<Net>(), b = std::make_shared<Net>();
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < a->parameters().size(); ++i) b->parameters()[i].copy_(a->parameters()[i]);
+  }
+  auto plain = sgd_config(8, 1);
+  plain.grad_clip_norm = 0.05;
+  auto scaled = plain;
+  scaled.loss_scaling = "on";
+  Trainer ta(a, cross_entropy(a), plain, torch::kCPU), tb(b, cross_entropy(b), scaled, torch::kCPU);
+  auto ra = ta.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
+  auto rb = tb.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
+  EXPECT_NEAR(rb.grad_norm.item<double>(), ra.grad_norm.item<double>(), 1e-6 * ra.grad_norm.item<double>());
+  for (size_t i = 0; i < a->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_close(b->parameters()[i], a->parameters()[i], 1e-6, 1e-7));
+}
+
+FitOptions quiet_options() {
+  FitOptions o;
+  o.lab = "toy";
+  o.tag = "t";
+  o.checkpoint.every_epoch = false;
+  return o;
+}
+
+TEST(Loop, DivergenceGuardStopsOnNonFiniteLoss) {
+  torch::manual_seed(0);
+  ToyData data(64);
+  auto net = std::make_shared<Net>();
+  LossFn nan_loss = [&](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target) * NAN; };
+  auto config = sgd_config(4, 1);
+  config.divergence_patience = 5;
+  config.log_every = 2;
+  Trainer trainer(net, nan_loss, config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
+  auto result = fit(trainer, batches, quiet_options());
+  EXPECT_EQ(result.status, FitStatus::diverged);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.message.find("5 consecutive steps"), std::string::npos) << result.message;
+  EXPECT_EQ(trainer.global_step(), 6);  // noticed at the first log point after the 5th
+}
+
+TEST(Loop, RaggedLastGroupIsAShorterGroup) {
+  torch::manual_seed(0);
+  ToyData data(40);
+  auto net = std::make_shared<Net>();
+  auto config = sgd_config(4, 3);  // 10 micro-batches per epoch: groups of 3, 3, 3, 1
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(40, 4, 0, true, false), torch::kCPU);
+  auto result = fit(trainer, batches, quiet_options());
+  ASSERT_EQ(result.status, FitStatus::completed);
+  EXPECT_EQ(result.epochs.at(0).steps, 4);
+  EXPECT_EQ(trainer.global_step(), 4);
+}
+
+// A run interrupted after k optimizer steps and resumed from its checkpoint ends bitwise equal to
+// an uninterrupted run: parameters, optimizer moments, loss scale, RNG (dropout) and data order.
+class ExactResume : public ::testing::TestWithParam<int> {};
+
+std::vector<torch::Tensor> train_toy(int64_t max_steps, const std::string& checkpoint_dir, const std::string& resume,
+                                     int64_t every_steps) {
+  at::globalContext().setDeterministicAlgorithms(true, false);
+  torch::set_num_threads(1);
+  torch::manual_seed(42);
+  ToyData data(40);
+  auto net = std::make_shared<Net>(/*dropout=*/0.3);
+  auto config = sgd_config(4, 2);  // 10 micro-batches per epoch -> 5 optimizer steps
+  config.epochs = 3;
+  config.max_steps = max_steps;
+  config.loss_scaling = "on";  // the GradScaler's state must survive too
+  config.grad_scaler.init_scale = 1024;
+  config.grad_scaler.growth_interval = 3;
+  config.optimizer.name = "adam";
+  config.optimizer.lr = 0.01;
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
+  FitOptions options = quiet_options();
+  options.checkpoint_dir = checkpoint_dir;
+  options.checkpoint.every_steps = every_steps;
+  options.resume = resume;
+  options.data_seed = 3;
+  auto result = fit(trainer, batches, options);
+  EXPECT_EQ(result.status, FitStatus::completed) << result.message;
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  out.push_back(torch::tensor(trainer.scaler().get_scale()));
+  return out;
+}
+
+TEST_P(ExactResume, InterruptedAndResumedEqualsUninterrupted) {
+  const int k = GetParam();
+  test::TempDir dir;
+  auto reference = train_toy(15, "", "", 0);
+  train_toy(k, dir.path().string(), "", k);                 // stops after k steps, checkpoint at k
+  auto resumed = train_toy(15, dir.path().string(), "latest", 0);
+  ASSERT_EQ(resumed.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(test::tensors_equal(resumed[i], reference[i])) << "tensor " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(AtStep, ExactResume, ::testing::Values(1, 4, 5, 7, 12));
+
+TEST(Loop, WritesMetricsAndStepsCsv) {
+  test::TempDir dir;
+  RunConfig run;
+  run.out_dir = dir.path().string();
+  run.log_level = log::Level::warn;
+  RunDir run_dir = RunDir::create(run, "toy", "x: 1\n");
+  torch::manual_seed(0);
+  ToyData data(32);
+  auto net = std::make_shared<Net>();
+  auto config = sgd_config(8, 1);
+  config.epochs = 2;
+  config.log_every = 2;
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(32, 8, 0, true, false), torch::kCPU);
+  FitOptions options = quiet_options();
+  options.run_dir = &run_dir;
+  options.evaluate = [](int64_t epoch) { return nlohmann::json{{"test_accuracy", 0.5 + 0.1 * epoch}}; };
+  auto result = fit(trainer, batches, options);
+  ASSERT_EQ(result.epochs.size(), 2u);
+  std::ifstream metrics(run_dir.file("metrics.csv"));
+  std::string header, row1, row2;
+  std::getline(metrics, header);
+  std::getline(metrics, row1);
+  std::getline(metrics, row2);
+  EXPECT_EQ(header, "tag,epoch,train_loss,seconds,samples_per_s,steps,skipped_steps,loss_scale,test_accuracy");
+  EXPECT_EQ(row2.substr(0, 4), "t,2,");
+  EXPECT_NE(row2.find("0.700000"), std::string::npos) << row2;
+  EXPECT_TRUE(std::filesystem::exists(run_dir.file("steps.csv")));
+  EXPECT_TRUE(std::filesystem::exists(run_dir.file("config.yaml")));
+  log::init(log::Level::info);
+}
+
+}  // namespace
+}  // namespace amplab
