@@ -1,0 +1,165 @@
+// Lab 1, GPU basics. Each TODO below is one exercise; see labs/gpu_basics/README.md.
+#include "gpu_basics.hpp"
+
+#include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "amplab/device.hpp"
+#include "amplab/env.hpp"
+#include "amplab/error.hpp"
+#include "amplab/precision.hpp"
+
+namespace gpu_basics {
+
+DeviceReport describe_device(torch::Device device) {
+  DeviceReport report;
+  report.device = device.str();
+  report.cpu_threads = at::get_num_threads();
+  // TODO(gpu_basics-1): Fill in the report. On a GPU, at::cuda::getDeviceProperties(index) has
+  // name, multiProcessorCount, totalGlobalMem (bytes) and major/minor (the compute capability);
+  // at::detail::getCUDAHooks().versionCUDART() and .versionCuDNN() give 13000 -> "13.0" and
+  // 91900 -> "9.19.0". On the CPU, name is amplab::cpu_model_name() and the GPU fields stay empty.
+  // BEGIN SOLUTION
+  if (device.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    report.name = props->name;
+    report.multiprocessors = props->multiProcessorCount;
+    report.memory_gib = static_cast<double>(props->totalGlobalMem) / (1 << 30);
+    report.compute_capability = std::to_string(props->major) + "." + std::to_string(props->minor);
+    long cudnn = at::detail::getCUDAHooks().versionCuDNN();
+    report.cudnn = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) + "." +
+                   std::to_string(cudnn % 100);
+  } else {
+    report.name = amplab::cpu_model_name();
+  }
+  long runtime = at::detail::getCUDAHooks().versionCUDART();
+  if (runtime > 0) report.cuda_runtime = std::to_string(runtime / 1000) + "." + std::to_string((runtime % 1000) / 10);
+  // END SOLUTION
+  return report;
+}
+
+void move_to_device(torch::nn::Module& model, torch::Device device) {
+  // TODO(gpu_basics-2): Move every parameter and buffer of `model` to `device` (one call on the
+  // module does it). Then implement tensors_not_on() below.
+  // BEGIN SOLUTION
+  model.to(device);
+  // END SOLUTION
+}
+
+std::vector<std::string> tensors_not_on(const torch::nn::Module& model, torch::Device device) {
+  std::vector<std::string> names;
+  // TODO(gpu_basics-2): Collect the names of parameters, then buffers (named_parameters() and
+  // named_buffers(), recursively) whose tensor is not on `device`. "cuda" without an index
+  // accepts any GPU; "cuda:1" only that one.
+  // BEGIN SOLUTION
+  auto elsewhere = [&](const torch::Tensor& t) {
+    return t.device().type() != device.type() || (device.has_index() && t.device().index() != device.index());
+  };
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    if (elsewhere(item.value())) names.push_back(item.key());
+  for (const auto& item : model.named_buffers(/*recurse=*/true))
+    if (elsewhere(item.value())) names.push_back(item.key());
+  // END SOLUTION
+  return names;
+}
+
+std::string explain_device_mismatch(const torch::Tensor& a, const torch::Tensor& b) {
+  // TODO(gpu_basics-3): Compute a + b inside try/catch. torch reports the problem as a c10::Error
+  // ("Expected all tensors to be on the same device..."). Return "" when it works; otherwise a
+  // sentence naming a.device() and b.device() and the fix (move one with .to(device)).
+  // BEGIN SOLUTION
+  try {
+    auto sum = a + b;
+    (void)sum;
+    return "";
+  } catch (const c10::Error& e) {
+    return "cannot add a tensor on " + a.device().str() + " to a tensor on " + b.device().str() +
+           ": operations need all inputs on one device; move one with .to(" + a.device().str() + ")";
+  }
+  // END SOLUTION
+}
+
+amplab::Summary time_on_device(const std::function<void()>& work, torch::Device device, int warmup, int repeats) {
+  std::vector<double> milliseconds;
+  // TODO(gpu_basics-4): Run `work` warmup times, then wait for the device (amplab::synchronize).
+  // Then time each of `repeats` runs by itself: on a GPU record an at::cuda::CUDAEvent (created
+  // with cudaEventDefault so that it can time) before and after on the current stream, wait for
+  // the second and read elapsed_time(); on the CPU use amplab::Stopwatch. Push each duration (ms)
+  // into `milliseconds`.
+  // BEGIN SOLUTION
+  for (int i = 0; i < warmup; ++i) work();
+  amplab::synchronize(device);
+  if (device.is_cuda()) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    for (int i = 0; i < repeats; ++i) {
+      auto stream = at::cuda::getCurrentCUDAStream(device.has_index() ? device.index() : -1);
+      start.record(stream);
+      work();
+      stop.record(stream);
+      stop.synchronize();
+      milliseconds.push_back(start.elapsed_time(stop));
+    }
+  } else {
+    for (int i = 0; i < repeats; ++i) {
+      amplab::Stopwatch clock;
+      work();
+      milliseconds.push_back(clock.milliseconds());
+    }
+  }
+  // END SOLUTION
+  return amplab::summarize(milliseconds);
+}
+
+amplab::Summary time_naively(const std::function<void()>& work, int repeats) {
+  std::vector<double> milliseconds;
+  for (int i = 0; i < repeats; ++i) {
+    amplab::Stopwatch clock;
+    work();  // on a GPU this only queues kernels: the clock stops before they run
+    milliseconds.push_back(clock.milliseconds());
+  }
+  return amplab::summarize(milliseconds);
+}
+
+double copy_bandwidth_gbs(const torch::Tensor& source, torch::Device destination, int warmup, int repeats) {
+  double gbs = 0;
+  // TODO(gpu_basics-5): Allocate the destination once (torch::empty_like(source,
+  // source.options().device(destination))), then time dst.copy_(src) with time_on_device on the
+  // device that does the work (the GPU if either side is one). Bytes moved: source.nbytes(),
+  // twice that when both sides are the same device. GB/s = bytes / (median ms * 1e6).
+  // BEGIN SOLUTION
+  torch::Tensor target = torch::empty_like(source, source.options().device(destination));
+  torch::Device timed = destination.is_cuda() ? destination : source.device();
+  auto summary = time_on_device([&] { target.copy_(source, /*non_blocking=*/true); }, timed, warmup, repeats);
+  double bytes = static_cast<double>(source.nbytes()) * (source.device() == destination ? 2 : 1);
+  gbs = bytes / (summary.median * 1e6);
+  // END SOLUTION
+  return gbs;
+}
+
+int64_t matmul_flops(int64_t m, int64_t n, int64_t k) {
+  // TODO(gpu_basics-6): Each of the m*n outputs is a dot product of length k: k multiplies and
+  // k adds. Then implement matmul_tflops() below.
+  // BEGIN SOLUTION
+  return 2 * m * n * k;
+  // END SOLUTION
+}
+
+double matmul_tflops(int64_t n, torch::ScalarType dtype, torch::Device device, bool allow_tf32, int warmup, int repeats) {
+  double tflops = 0;
+  // TODO(gpu_basics-6): Make two random n x n matrices of `dtype` on `device`, hold an
+  // amplab::Tf32Guard(allow_tf32) while timing torch::mm with time_on_device, and turn the
+  // median into TFLOP/s: matmul_flops(n, n, n) / (median ms * 1e9).
+  // BEGIN SOLUTION
+  auto options = torch::TensorOptions().dtype(dtype).device(device);
+  torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  amplab::Tf32Guard tf32(allow_tf32);
+  auto summary = time_on_device([&] { torch::mm(a, b); }, device, warmup, repeats);
+  tflops = static_cast<double>(matmul_flops(n, n, n)) / (summary.median * 1e9);
+  // END SOLUTION
+  return tflops;
+}
+
+}  // namespace gpu_basics
