@@ -37,6 +37,43 @@ void GradScaler::check_initialized(const char* what) const {
                 " but the scale is not initialized yet; this may be the first iteration: call scale(loss) first");
 }
 
+// Checks (and, unless inv_scale is 1, divides) every gradient of `optimizer`, recording found_inf
+// per device in its state: PyTorch's _unscale_grads_.
+void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16) {
+  OptimizerState& state = per_optimizer_[&optimizer];
+  torch::Tensor found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(scale_.device()));
+  // Gradients grouped by device, then dtype: one fused kernel call per group.
+  std::map<std::string, std::map<c10::ScalarType, std::vector<torch::Tensor>>> groups;
+  std::map<std::string, torch::Device> devices;
+  torch::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      torch::Tensor grad = param.grad();
+      if (!allow_fp16 && grad.scalar_type() == torch::kHalf)
+        throw Error("GradScaler: attempting to unscale FP16 gradients; keep the parameters in fp32 "
+                    "(autocast casts them for the forward pass)");
+      torch::Tensor to_unscale = grad.is_sparse() ? grad._values() : grad;
+      std::string key = to_unscale.device().str();
+      devices.emplace(key, to_unscale.device());
+      groups[key][to_unscale.scalar_type()].push_back(to_unscale);
+    }
+  }
+  for (auto& [key, per_dtype] : groups) {
+    torch::Device device = devices.at(key);
+    torch::Tensor device_found_inf = found_inf.device() == device ? found_inf : found_inf.to(device);
+    torch::Tensor device_inv_scale = inv_scale.device() == device ? inv_scale : inv_scale.to(device);
+    for (auto& [dtype, grads] : per_dtype)
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, device_inv_scale);
+    if (reduce_found_inf_) reduce_found_inf_(device_found_inf);
+    state.found_inf_per_device[key] = device_found_inf;
+  }
+  if (groups.empty()) {  // no gradients at all: the (zero) flag is still recorded
+    if (reduce_found_inf_) reduce_found_inf_(found_inf);
+    state.found_inf_per_device[found_inf.device().str()] = found_inf;
+  }
+}
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!enabled_) return;
   check_initialized("unscale_");
@@ -44,45 +81,10 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (state.stage == Stage::unscaled)
     throw Error("GradScaler: unscale_() has already been called on this optimizer since the last update()");
   if (state.stage == Stage::stepped) throw Error("GradScaler: unscale_() is being called after step()");
-
   // FP32 division can be imprecise for certain compile options, so the reciprocal is taken in FP64.
   torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
-  torch::Tensor found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(scale_.device()));
-
-  // Gradients grouped by device, then dtype: one fused kernel call per group.
-  std::map<std::string, std::map<c10::ScalarType, std::vector<torch::Tensor>>> groups;
-  std::map<std::string, torch::Device> devices;
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& param : group.params()) {
-        if (!param.grad().defined()) continue;
-        torch::Tensor grad = param.grad();
-        if (grad.scalar_type() == torch::kHalf)
-          throw Error("GradScaler: attempting to unscale FP16 gradients; keep the parameters in fp32 "
-                      "(autocast casts them for the forward pass)");
-        torch::Tensor to_unscale = grad;
-        if (grad.is_sparse()) to_unscale = grad._values();
-        std::string key = to_unscale.device().str();
-        devices.emplace(key, to_unscale.device());
-        groups[key][to_unscale.scalar_type()].push_back(to_unscale);
-      }
-    }
-    for (auto& [key, per_dtype] : groups) {
-      torch::Device device = devices.at(key);
-      torch::Tensor device_found_inf = found_inf.device() == device ? found_inf : found_inf.to(device);
-      torch::Tensor device_inv_scale = inv_scale.device() == device ? inv_scale : inv_scale.to(device);
-      for (auto& [dtype, grads] : per_dtype)
-        at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, device_inv_scale);
-      if (reduce_found_inf_) reduce_found_inf_(device_found_inf);
-      state.found_inf_per_device[key] = device_found_inf;
-    }
-  }
-  if (groups.empty()) {  // no gradients at all: PyTorch still records the (zero) found_inf
-    if (reduce_found_inf_) reduce_found_inf_(found_inf);
-    state.found_inf_per_device[found_inf.device().str()] = found_inf;
-  }
-  state.stage = Stage::unscaled;
+  record_found_inf(optimizer, inv_scale, /*allow_fp16=*/false);
+  per_optimizer_[&optimizer].stage = Stage::unscaled;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -93,14 +95,36 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   check_initialized("step");
   OptimizerState& state = per_optimizer_[&optimizer];
   if (state.stage == Stage::stepped) throw Error("GradScaler: step() has already been called since the last update()");
+  if (auto* fused = dynamic_cast<AmpScalingOptimizer*>(&optimizer)) {
+    // PyTorch's path for optimizers that support AMP scaling: check for infs without unscaling
+    // (inverse scale 1), then hand the scale and the flag to the optimizer's kernel.
+    if (state.stage == Stage::ready)
+      record_found_inf(optimizer, torch::ones({}, torch::dtype(torch::kFloat32).device(scale_.device())), true);
+    OptimizerState& checked = per_optimizer_[&optimizer];
+    torch::Tensor found_inf;
+    for (auto& [device, flag] : checked.found_inf_per_device) {
+      torch::Tensor here = flag.to(scale_.device(), /*non_blocking=*/true);
+      found_inf = found_inf.defined() ? found_inf + here : here;
+    }
+    std::optional<torch::Tensor> grad_scale;
+    if (checked.stage != Stage::unscaled) grad_scale = scale_;
+    fused->step_with_amp_scaling(grad_scale, found_inf);
+    checked.stage = Stage::stepped;
+    last_found_inf_ = found_inf;
+    return true;
+  }
   if (state.stage == Stage::ready) unscale_(optimizer);
   OptimizerState& after = per_optimizer_[&optimizer];
   if (after.found_inf_per_device.empty()) throw Error("GradScaler: no inf checks were recorded for this optimizer");
 
-  double found = 0;
-  for (auto& [device, found_inf] : after.found_inf_per_device) found += found_inf.item<double>();
+  torch::Tensor found_inf;
+  for (auto& [device, flag] : after.found_inf_per_device) {
+    torch::Tensor here = flag.to(scale_.device());
+    found_inf = found_inf.defined() ? found_inf + here : here;
+  }
+  last_found_inf_ = found_inf;
   bool stepped = false;
-  if (found == 0) {
+  if (found_inf.item<double>() == 0) {  // the host sync the skip decision needs
     optimizer.step();
     stepped = true;
   }

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "amplab/config.hpp"
+#include "amplab/fused_sgd.hpp"
 
 namespace amplab {
 
@@ -62,7 +63,12 @@ class GradScaler {
   // Unscales if unscale_ was not called, then runs optimizer.step() unless an inf/NaN was found.
   // Returns whether the optimizer stepped (reading found_inf synchronises with the device, which
   // the decision needs). Disabled: always steps and returns true.
+  // An AmpScalingOptimizer (fused_sgd.hpp) gets the scale and the inf flag instead and decides on
+  // the device, as PyTorch does for fused optimizers: no host sync, and step() returns true
+  // after queuing it; found_inf() tells what happened.
   bool step(torch::optim::Optimizer& optimizer);
+  // 0-dim float32 on the scale's device: non-zero when the last step() found inf/NaN gradients.
+  const torch::Tensor& found_inf() const { return last_found_inf_; }
 
   // Adjusts the scale from this iteration's found_inf: backoff and tracker reset on overflow,
   // growth after growth_interval clean steps (never past the largest finite fp32 value). Resets
@@ -90,6 +96,7 @@ class GradScaler {
     std::map<std::string, torch::Tensor> found_inf_per_device;  // device string -> float32 0-dim
   };
   void check_initialized(const char* what) const;
+  void record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16);
 
   bool enabled_;
   double init_scale_, growth_factor_, backoff_factor_;
@@ -99,6 +106,7 @@ class GradScaler {
   torch::Tensor growth_tracker_;  // int32 0-dim, same device
   std::map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
   std::function<void(torch::Tensor&)> reduce_found_inf_;
+  torch::Tensor last_found_inf_;
 };
 
 }  // namespace amplab

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "amplab/cuda_graph.hpp"
 #include "amplab/device.hpp"
 #include "amplab/error.hpp"
 #include "amplab/log.hpp"
@@ -114,6 +115,8 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
                                          /*append=*/true);
 
   DivergenceGuard divergence{config.divergence_patience};
+  std::unique_ptr<GraphedTrainStep> graphed;
+  if (config.cuda_graph) graphed = std::make_unique<GraphedTrainStep>(trainer);
   const std::string tag_prefix = options.tag.empty() ? "" : "[" + options.tag + "] ";
   const int64_t accumulation = config.accumulation_steps;
 
@@ -129,6 +132,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     record.tag = options.tag;
     record.epoch = epoch + 1;
     std::vector<torch::Tensor> pending;  // losses since the last log line, still on the device
+    torch::Tensor skipped_device;        // steps the GradScaler skipped this epoch, counted on the device
     double loss_sum = 0;
     int64_t loss_count = 0, samples = 0, window_samples = 0, window_steps = 0;
     synchronize(trainer.device());
@@ -141,6 +145,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       std::vector<double> values(losses.data_ptr<double>(), losses.data_ptr<double>() + losses.numel());
       for (double v : values)
         if (std::isfinite(v)) loss_sum += v, ++loss_count;
+      if (skipped_device.defined()) record.skipped_steps = static_cast<int64_t>(skipped_device.item<double>());
       double seconds = window_clock.seconds();
       double scale = trainer.scaler().get_scale();
       std::string stop = divergence.check(values, trainer.scaler().is_enabled(), scale, config.min_loss_scale);
@@ -165,7 +170,8 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       const int64_t group = std::min(accumulation, batches - next);
       StepResult step;
       try {
-        step = trainer.step(group, [&](int64_t i) { return data.batch(next + i); });
+        step = graphed ? graphed->step(data.batch(next))
+                       : trainer.step(group, [&](int64_t i) { return data.batch(next + i); });
       } catch (const c10::OutOfMemoryError& e) {
         Phase phase = trainer.current_phase();
         result.status = FitStatus::out_of_memory;
@@ -188,7 +194,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       window_samples += step.samples;
       ++window_steps;
       ++record.steps;
-      if (!step.stepped) ++record.skipped_steps;
+      if (step.skipped.defined()) skipped_device = skipped_device.defined() ? skipped_device + step.skipped : step.skipped;
       pending.push_back(step.loss);
       progress.update((next + accumulation - 1) / accumulation);
 

@@ -44,7 +44,7 @@ class AutocastGuard {
  public:
   AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true, bool cache_enabled = true);
   // Enabled for fp16-mixed/bf16-mixed on device.type(), a no-op guard for fp32/tf32.
-  AutocastGuard(c10::Device device, Precision precision);
+  AutocastGuard(c10::Device device, Precision precision, bool cache_enabled = true);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -4,15 +4,18 @@
 
 #include "amplab/device.hpp"
 #include "amplab/error.hpp"
+#include "amplab/fused_sgd.hpp"
 #include "amplab/grad_clip.hpp"
 
 namespace amplab {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
                                                         const OptimizerConfig& c) {
-  if (c.name == "sgd")
-    return std::make_unique<torch::optim::SGD>(
-        parameters, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  if (c.name == "sgd") {
+    auto options = torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay);
+    if (c.fused) return std::make_unique<FusedSGD>(parameters, options);
+    return std::make_unique<torch::optim::SGD>(parameters, options);
+  }
   if (c.name == "adam")
     return std::make_unique<torch::optim::Adam>(
         parameters, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
@@ -66,7 +69,7 @@ StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>
     enter(Phase::forward);
     torch::Tensor loss;
     {
-      AutocastGuard autocast(device_, config_.precision);
+      AutocastGuard autocast(device_, config_.precision, autocast_cache_);
       loss = loss_fn_(batch);
     }
 
@@ -84,7 +87,8 @@ StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>
   if (sync_) sync_->finish();
   scaler_.unscale_(*optimizer_);
   if (config_.grad_clip_norm > 0) result.grad_norm = clip_grad_norm_(parameters_, config_.grad_clip_norm);
-  result.stepped = scaler_.step(*optimizer_);
+  scaler_.step(*optimizer_);
+  if (scaler_.is_enabled()) result.skipped = scaler_.found_inf().clamp_max(1.0);
   scaler_.update();
   optimizer_->zero_grad(/*set_to_none=*/!(sync_ && sync_->zero_grad_in_place()));
 

@@ -26,6 +26,7 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adam/adamw
   double beta2 = 0.999;       // adam/adamw
   double eps = 1e-8;          // adam/adamw
+  bool fused = false;         // sgd: PyTorch's fused kernel (one launch; device-side fp16 skip)
 
   template <class V>
   void fields(V& v) {
@@ -36,6 +37,7 @@ struct OptimizerConfig {
     v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
     v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
     v.field("eps", eps, "Adam epsilon", Range<double>::positive());
+    v.field("fused", fused, "SGD: one fused kernel for all parameters (needed for CUDA graphs with fp16)");
   }
 };
 
@@ -52,6 +54,7 @@ struct TrainConfig {
   int64_t log_every = 50;               // optimizer steps between log lines (each costs a host sync)
   int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
   bool drop_last = false;               // skip the last, smaller batch of an epoch
+  bool cuda_graph = false;              // capture the whole step as one CUDA graph (cuda_graph.hpp)
   int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
   double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
   bool progress = true;                 // progress bar with ETA on interactive terminals
@@ -69,6 +72,7 @@ struct TrainConfig {
     v.field("log_every", log_every, "optimizer steps between log lines", Range<int64_t>::at_least(1));
     v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
     v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
+    v.field("cuda_graph", cuda_graph, "replay the whole step as one CUDA graph (GPU; accumulation_steps 1)");
     v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
             Range<int64_t>::at_least(1));
     v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
@@ -102,7 +106,7 @@ class GradientSync {
 struct StepResult {
   torch::Tensor loss;       // mean loss over the group's micro-batches (0-dim, on the device, no sync)
   torch::Tensor grad_norm;  // total gradient norm before clipping (undefined when not clipping)
-  bool stepped = true;      // false when the scaler skipped the step (inf/NaN gradients)
+  torch::Tensor skipped;    // 0-dim float: 1 when the GradScaler skipped the step (undefined without loss scaling)
   int64_t samples = 0;
 };
 
@@ -126,6 +130,9 @@ class Trainer {
   void set_global_step(int64_t step) { global_step_ = step; }
   Phase current_phase() const { return phase_; }
   void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  // Autocast keeps fp16/bf16 copies of weights for the forward pass; a CUDA graph capture must not
+  // (cuda_graph.cpp turns it off while capturing).
+  void set_autocast_cache(bool enabled) { autocast_cache_ = enabled; }
 
  private:
   void enter(Phase phase);
@@ -141,6 +148,7 @@ class Trainer {
   Tf32Guard tf32_;  // TF32 only for precision tf32 (fp32 means IEEE fp32 matmuls and convolutions)
   GradientSync* sync_ = nullptr;
   Phase phase_ = Phase::other;
+  bool autocast_cache_ = true;
   int64_t global_step_ = 0;
 };
 

@@ -305,3 +305,48 @@ TEST(Precision, Tf32GuardRestoresFlags) {
 
 }  // namespace
 }  // namespace amplab
+
+namespace amplab {
+namespace {
+
+// PyTorch's fused SGD path: the scaler hands the scale and the inf flag to the kernel, which
+// unscales and skips on the device. Same result as unscale_ + SGD up to rounding (the fused
+// kernel divides by the scale and orders its operations differently).
+TEST(FusedSgd, MatchesPlainSgdUnderTheScalerAndSkipsOnTheDevice) {
+  torch::manual_seed(3);
+  torch::nn::Linear plain(6, 3), fused(6, 3);
+  {
+    torch::NoGradGuard g;
+    fused->weight.copy_(plain->weight);
+    fused->bias.copy_(plain->bias);
+  }
+  auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  torch::optim::SGD sgd(plain->parameters(), options);
+  FusedSGD fused_sgd(fused->parameters(), options);
+  GradScaler a, b;
+  auto x = torch::randn({5, 6});
+  for (int step = 0; step < 4; ++step) {
+    for (auto* pair : {&a, &b}) (void)pair;
+    sgd.zero_grad();
+    fused_sgd.zero_grad();
+    a.scale(plain(x).pow(2).mean()).backward();
+    b.scale(fused(x).pow(2).mean()).backward();
+    if (step == 2) {  // an overflow: both must skip
+      plain->bias.grad()[0] = INFINITY;
+      fused->bias.grad()[0] = INFINITY;
+    }
+    auto before = fused->weight.clone();
+    a.step(sgd);
+    b.step(fused_sgd);
+    EXPECT_EQ(b.found_inf().item<double>(), step == 2 ? 1.0 : 0.0);
+    if (step == 2) EXPECT_TRUE(test::tensors_equal(fused->weight, before));
+    a.update();
+    b.update();
+    EXPECT_EQ(a.get_scale(), b.get_scale());
+  }
+  EXPECT_TRUE(test::tensors_close(fused->weight, plain->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(test::tensors_close(fused->bias, plain->bias, 1e-6, 1e-7));
+}
+
+}  // namespace
+}  // namespace amplab

@@ -80,7 +80,7 @@ TEST(Trainer, StepReturnsTheMeanLossOnTheDeviceAndClearsGradients) {
   Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU);
   auto r = trainer.step(1, [&](int64_t) { return Batch{data.x.narrow(0, 0, 4), data.y.narrow(0, 0, 4)}; });
   EXPECT_TRUE(test::tensors_equal(r.loss, expected));
-  EXPECT_TRUE(r.stepped);
+  EXPECT_FALSE(r.skipped.defined());  // no loss scaling: nothing to skip
   EXPECT_EQ(r.samples, 4);
   EXPECT_EQ(trainer.global_step(), 1);
   for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
@@ -132,11 +132,11 @@ TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
   Trainer trainer(net, loss_fn, config, torch::kCPU);
   auto before = net->fc1->weight.clone();
   auto r = trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
-  EXPECT_FALSE(r.stepped);
+  EXPECT_EQ(r.skipped.item<double>(), 1.0);
   EXPECT_TRUE(test::tensors_equal(net->fc1->weight, before));
   EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
   poison = false;
-  EXPECT_TRUE(trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; }).stepped);
+  EXPECT_EQ(trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; }).skipped.item<double>(), 0.0);
 }
 
 TEST(Trainer, ClippingSeesUnscaledGradients) {

@@ -1,0 +1,124 @@
+#include "amplab/cuda_graph.hpp"
+
+#include <torch/torch.h>
+
+#ifdef AMPLAB_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "amplab/error.hpp"
+#include "amplab/fused_sgd.hpp"
+
+namespace amplab {
+
+std::string cuda_graph_blocker(Trainer& trainer) {
+  if (!trainer.device().is_cuda()) return "CUDA graphs need a GPU (run.device is " + trainer.device().str() + ")";
+  if (trainer.config().accumulation_steps != 1) return "CUDA graphs capture one micro-batch per step: set train.accumulation_steps=1";
+  if (trainer.scaler().is_enabled() && !dynamic_cast<AmpScalingOptimizer*>(&trainer.optimizer()))
+    return "loss scaling decides on the host unless the optimizer is fused: set train.optimizer.fused=true";
+  return "";
+}
+
+#ifdef AMPLAB_WITH_CUDA
+
+struct GraphedTrainStep::Impl {
+  Trainer& trainer;
+  int warmup;
+  int64_t calls = 0;
+  Batch static_batch;  // the graph reads its input from these tensors
+  StepResult static_result;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  c10::cuda::CUDAStream side_stream;
+
+  Impl(Trainer& t, int w) : trainer(t), warmup(w), side_stream(c10::cuda::getStreamFromPool(false, t.device().index())) {}
+};
+
+namespace {
+// `waiter` runs what is queued after this only once everything queued on `target` so far is done.
+void wait_for(c10::cuda::CUDAStream waiter, c10::cuda::CUDAStream target) {
+  at::cuda::CUDAEvent event;
+  event.record(target);
+  event.block(waiter);
+}
+
+StepResult copy_of(const StepResult& r) {
+  StepResult out = r;
+  out.loss = r.loss.clone();
+  if (r.grad_norm.defined()) out.grad_norm = r.grad_norm.clone();
+  if (r.skipped.defined()) out.skipped = r.skipped.clone();
+  return out;
+}
+}  // namespace
+
+GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int warmup_steps) {
+  std::string blocker = cuda_graph_blocker(trainer);
+  if (!blocker.empty()) throw Error("train.cuda_graph: " + blocker);
+  impl_ = std::make_unique<Impl>(trainer, std::max(warmup_steps, 1));
+}
+
+GraphedTrainStep::~GraphedTrainStep() = default;
+
+bool GraphedTrainStep::captured() const { return impl_->graph != nullptr; }
+
+StepResult GraphedTrainStep::step(const Batch& batch) {
+  Impl& s = *impl_;
+  Trainer& trainer = s.trainer;
+  const c10::DeviceIndex index = trainer.device().index();
+  auto current = c10::cuda::getCurrentCUDAStream(index);
+  auto one_batch = [&](int64_t) { return s.static_batch; };
+
+  if (s.static_batch.input.defined() && batch.input.sizes() != s.static_batch.input.sizes())
+    return trainer.step(1, [&](int64_t) { return batch; });  // another shape: eager
+
+  if (!s.graph && s.calls < s.warmup) {
+    // Warm-up on a side stream (cuDNN/cuBLAS pick their algorithms, the optimizer creates its state).
+    if (!s.static_batch.input.defined()) s.static_batch = {batch.input.clone(), batch.target.clone()};
+    s.static_batch.input.copy_(batch.input);
+    s.static_batch.target.copy_(batch.target);
+    wait_for(s.side_stream, current);
+    StepResult r;
+    {
+      c10::cuda::CUDAStreamGuard guard(s.side_stream);
+      r = copy_of(trainer.step(1, one_batch));
+    }
+    wait_for(current, s.side_stream);
+    ++s.calls;
+    return r;
+  }
+
+  s.static_batch.input.copy_(batch.input);
+  s.static_batch.target.copy_(batch.target);
+  if (!s.graph) {
+    s.graph = std::make_unique<at::cuda::CUDAGraph>();
+    wait_for(s.side_stream, current);
+    {
+      c10::cuda::CUDAStreamGuard guard(s.side_stream);
+      trainer.set_autocast_cache(false);  // cached casts must not outlive the capture's memory
+      s.graph->capture_begin();
+      s.static_result = trainer.step(1, one_batch);
+      s.graph->capture_end();
+      trainer.set_autocast_cache(true);
+    }
+    wait_for(current, s.side_stream);
+    trainer.set_global_step(trainer.global_step() - 1);  // capturing ran nothing; the replay below does
+  }
+  s.graph->replay();
+  trainer.set_global_step(trainer.global_step() + 1);
+  ++s.calls;
+  return copy_of(s.static_result);
+}
+
+#else
+
+struct GraphedTrainStep::Impl {};
+GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int) { throw Error("train.cuda_graph: this build has no CUDA"); }
+GraphedTrainStep::~GraphedTrainStep() = default;
+bool GraphedTrainStep::captured() const { return false; }
+StepResult GraphedTrainStep::step(const Batch&) { return {}; }
+
+#endif
+
+}  // namespace amplab

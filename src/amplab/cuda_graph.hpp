@@ -1,0 +1,37 @@
+// The whole training step as one CUDA graph. Small models are launch-bound: an eager step costs
+// dozens of kernel launches from the host; replaying a captured graph launches them all at once.
+// Trainer::step is captured as it is, so the conditions are those of capturing it:
+//   - the batch lives in static device tensors (this class copies each batch into them);
+//   - no host synchronisation inside the step: loss scaling off (fp32/bf16) or a fused optimizer
+//     that skips on the device (train.optimizer.fused with fp16-mixed);
+//   - one micro-batch per step (accumulation_steps 1) of a fixed size (a batch of another size,
+//     like a ragged last one, runs eagerly);
+//   - optimizer state exists before the capture (the warm-up steps create it).
+#pragma once
+
+#include <memory>
+
+#include "amplab/trainer.hpp"
+
+namespace amplab {
+
+class GraphedTrainStep {
+ public:
+  // Throws amplab::Error when `trainer` cannot be captured (CPU device, host syncs, accumulation).
+  GraphedTrainStep(Trainer& trainer, int warmup_steps = 3);
+  ~GraphedTrainStep();
+  // The first warmup_steps calls run eagerly (on a side stream, as capture requires); the next
+  // one captures; later ones copy `batch` into the static inputs and replay. The returned
+  // tensors are copies, safe to keep across steps.
+  StepResult step(const Batch& batch);
+  bool captured() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Why `trainer` cannot run as a CUDA graph, or "" when it can.
+std::string cuda_graph_blocker(Trainer& trainer);
+
+}  // namespace amplab
