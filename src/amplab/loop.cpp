@@ -101,6 +101,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     info.lab = options.lab;
     info.tag = options.tag;
     info.config_yaml = options.config_yaml;
+    info.extra_json = options.checkpoint_extra;
     info.position = at;
     std::string path = checkpoints->save(state, info);
     log::debug("checkpoint saved: " + path);

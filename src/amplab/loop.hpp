@@ -84,6 +84,7 @@ struct FitOptions {
   CheckpointConfig checkpoint;
   std::string checkpoint_dir;      // resolved directory ("" disables checkpoints)
   std::string resume;              // --resume: a path, "latest" or ""
+  std::string checkpoint_extra;    // lab state saved with each checkpoint (CheckpointInfo::extra_json)
   std::function<nlohmann::json(int64_t epoch)> evaluate;  // after each epoch (epoch 1-based)
   DistributedHooks dist;
 };

@@ -37,6 +37,9 @@ bool is_supported(Precision precision, c10::Device device, std::string* why) {
       return refuse("fp16-mixed needs a GPU (CPU autocast runs bf16); on the CPU use fp32 or bf16-mixed");
     return true;
   }
+  if (device.is_cuda() && !torch::cuda::is_available())
+    return refuse(to_string(precision) + " on " + device.str() +
+                  ": no CUDA device is available here; run on a GPU machine or use the cpu device");
 #ifdef AMPLAB_WITH_CUDA
   if (device.is_cuda() && (precision == Precision::bf16_mixed || precision == Precision::tf32)) {
     const auto* props = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);

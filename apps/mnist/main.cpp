@@ -1,0 +1,231 @@
+// Lab 4, MNIST end to end: the same network trained on the CPU, on the GPU in fp32, and on the
+// GPU with mixed precision; time per epoch, throughput, memory and accuracy side by side.
+//   build/bin/mnist [--config configs/mnist.yaml] [--set key=value ...] [--resume PATH|latest]
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "amplab/app.hpp"
+#include "amplab/data/mnist.hpp"
+#include "amplab/device.hpp"
+#include "amplab/log.hpp"
+#include "amplab/loop.hpp"
+#include "amplab/plots.hpp"
+#include "amplab/run_dir.hpp"
+#include "amplab/signals.hpp"
+#include "amplab/table.hpp"
+#include "mnist.hpp"
+
+namespace {
+
+struct MnistLabConfig {
+  std::vector<std::string> modes = {"cpu", "gpu", "gpu-amp"};  // what to compare, in order
+  std::vector<std::string> amp_precisions = {"fp16-mixed", "bf16-mixed"};  // one gpu-amp run each
+  int cpu_epochs = 1;             // epochs of the cpu mode (a CPU epoch takes a minute or more)
+  bool channels_last = true;      // GPU modes: NHWC images and activations (faster convolutions)
+  int64_t eval_batch_size = 1000; // test-set batches
+  bool plots = true;              // write PNG plots (needs matplotlib)
+
+  template <class V>
+  void fields(V& v) {
+    v.field("modes", modes, "modes to run, in order", {"cpu", "gpu", "gpu-amp"});
+    v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode", {"fp16-mixed", "bf16-mixed"});
+    v.field("cpu_epochs", cpu_epochs, "epochs of the cpu mode", amplab::Range<int64_t>::at_least(1));
+    v.field("channels_last", channels_last, "GPU modes: channels-last memory format");
+    v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
+    v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
+  }
+};
+
+struct MnistConfig {
+  amplab::RunConfig run;
+  amplab::DataConfig data;
+  amplab::TrainConfig train;
+  amplab::CheckpointConfig checkpoint;
+  amplab::MemoryConfig memory;
+  MnistLabConfig mnist;
+  template <class V>
+  void fields(V& v) {
+    v.section("run", run);
+    v.section("data", data);
+    v.section("train", train);
+    v.section("checkpoint", checkpoint);
+    v.section("memory", memory);
+    v.section("mnist", mnist);
+  }
+};
+
+// Python's model.to(memory_format=torch.channels_last): 4-d parameters (convolution weights) in
+// NHWC order, so that cuDNN need not transpose them on every call.
+void to_channels_last(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters())
+    if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+}
+
+// A run that stopped early (Ctrl-C, divergence, out of memory): ends the benchmark.
+struct StopRun {
+  int exit_code;
+  std::string message;
+};
+
+nlohmann::json to_json(const mnist::ModeResult& r) {
+  return {{"mode", r.mode},
+          {"ran", r.ran},
+          {"skipped_because", r.skipped_because},
+          {"epoch_seconds", r.epoch_seconds},
+          {"train_loss", r.train_loss},
+          {"test_accuracy", r.test_accuracy},
+          {"seconds_per_epoch", r.seconds_per_epoch},
+          {"samples_per_second", r.samples_per_second},
+          {"speedup_vs_cpu", r.speedup_vs_cpu},
+          {"memory", {{"forward_mib", r.memory.forward_mib}, {"backward_mib", r.memory.backward_mib},
+                      {"optimizer_mib", r.memory.optimizer_mib}, {"peak_mib", r.memory.peak_mib},
+                      {"source", r.memory.source}}}};
+}
+
+mnist::ModeResult from_json(const nlohmann::json& j) {
+  mnist::ModeResult r;
+  r.mode = j.at("mode");
+  r.ran = j.at("ran");
+  r.skipped_because = j.at("skipped_because");
+  r.epoch_seconds = j.at("epoch_seconds").get<std::vector<double>>();
+  r.train_loss = j.at("train_loss").get<std::vector<double>>();
+  r.test_accuracy = j.at("test_accuracy").get<std::vector<double>>();
+  r.seconds_per_epoch = j.at("seconds_per_epoch");
+  r.samples_per_second = j.at("samples_per_second");
+  const auto& m = j.at("memory");
+  r.memory = {m.at("forward_mib"), m.at("backward_mib"), m.at("optimizer_mib"), m.at("peak_mib"), m.at("source")};
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return amplab::guarded_main([&]() -> int {
+    MnistConfig config, defaults;
+    amplab::CommandLine cli;
+    if (auto code = amplab::parse_command_line(argc, argv, "mnist", "Lab 4: MNIST end to end, CPU vs GPU vs GPU+AMP",
+                                               amplab::describe_keys(defaults), cli))
+      return *code;
+    amplab::load_lab_config(cli, config);
+    const std::string config_yaml = amplab::to_yaml(config);
+    amplab::RunDir run = amplab::RunDir::create(config.run, "mnist", config_yaml);
+    amplab::apply_run_settings(config.run);
+    amplab::InterruptHandler interrupts;
+
+    amplab::MnistData data = amplab::load_mnist(config.data);
+    amplab::log::info(config.data.dataset + " from " + data.dir + ": " + std::to_string(data.train.size()) + " training, " +
+                      std::to_string(data.test.size()) + " test images");
+    auto modes = mnist::expand_modes(config.mnist.modes, config.mnist.amp_precisions);
+    const std::string checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, "mnist");
+
+    // --resume: the checkpoint names the mode it belongs to and carries the finished modes' results.
+    std::vector<mnist::ModeResult> finished;
+    std::string resume_path, resume_mode;
+    if (!cli.resume.empty()) {
+      resume_path = amplab::CheckpointManager(checkpoint_dir, config.checkpoint.keep_last).resolve(cli.resume);
+      amplab::CheckpointInfo info = amplab::read_checkpoint_info(resume_path);
+      resume_mode = info.tag;
+      bool known = false;
+      for (const auto& m : modes) known |= m.label() == resume_mode;
+      if (!known) throw amplab::Error("--resume: checkpoint '" + resume_path + "' is from mode '" + resume_mode +
+                                      "', which mnist.modes does not include");
+      if (!info.extra_json.empty())
+        for (const auto& j : nlohmann::json::parse(info.extra_json)) finished.push_back(from_json(j));
+    }
+
+    mnist::RunMode run_mode = [&](const mnist::Mode& mode) -> mnist::ModeResult {
+      for (const auto& done : finished)
+        if (done.mode == mode.label()) return done;  // finished before the interruption
+      bool resuming = !resume_mode.empty();
+      if (resuming && mode.label() != resume_mode) throw amplab::Error("internal: modes out of order on resume");
+      resume_mode.clear();
+
+      torch::Device device = mnist::device_for(mode);
+      amplab::TrainConfig train_config = mnist::train_config_for(mode, config.train);
+      if (!mode.needs_gpu()) train_config.epochs = config.mnist.cpu_epochs;
+      amplab::log::info("== " + mode.label() + " on " + amplab::describe(device) + ", " +
+                        std::to_string(train_config.epochs) + " epoch(s) ==");
+      torch::manual_seed(static_cast<uint64_t>(config.run.seed));  // the same initial weights in every mode
+      mnist::Net net;
+      mnist::place_model(net, device);
+      bool channels_last = config.mnist.channels_last && device.is_cuda();
+      if (channels_last) to_channels_last(*net);
+      mnist::ResidentSplit train = mnist::make_resident(data.train, device, channels_last);
+      mnist::ResidentSplit test = mnist::make_resident(data.test, device, channels_last);
+
+      amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config,
+                              device, config.memory);
+      amplab::TensorBatches batches(
+          train.images, train.labels,
+          amplab::EpochSampler(train.size(), train_config.batch_size, static_cast<uint64_t>(config.run.seed), true,
+                               train_config.drop_last),
+          device);
+      amplab::FitOptions options;
+      options.lab = "mnist";
+      options.tag = mode.label();
+      options.config_yaml = config_yaml;
+      options.data_seed = static_cast<uint64_t>(config.run.seed);
+      options.run_dir = &run;
+      options.checkpoint = config.checkpoint;
+      options.checkpoint_dir = checkpoint_dir;
+      options.resume = resuming ? resume_path : "";
+      nlohmann::json done = nlohmann::json::array();
+      for (const auto& r : finished) done.push_back(to_json(r));
+      options.checkpoint_extra = done.dump();
+      options.evaluate = [&](int64_t) {
+        auto e = mnist::evaluate(net, test, config.mnist.eval_batch_size, train_config.precision);
+        return nlohmann::json{{"test_loss", e.loss}, {"test_accuracy", e.accuracy}};
+      };
+      amplab::FitResult fit = amplab::fit(trainer, batches, options);
+      if (fit.status != amplab::FitStatus::completed) throw StopRun{fit.exit_code, fit.message};
+
+      mnist::ModeResult result;
+      result.mode = mode.label();
+      result.ran = true;
+      for (const auto& epoch : fit.epochs) {
+        result.epoch_seconds.push_back(epoch.seconds);
+        result.train_loss.push_back(epoch.train_loss);
+        result.test_accuracy.push_back(epoch.eval.value("test_accuracy", 0.0));
+      }
+      if (!fit.epochs.empty()) {
+        result.seconds_per_epoch = fit.epochs.back().seconds;
+        result.samples_per_second = fit.epochs.back().samples_per_second;
+      }
+      result.memory = mnist::memory_use(trainer.memory());
+      finished.push_back(result);
+      return result;
+    };
+
+    std::vector<mnist::ModeResult> results;
+    try {
+      results = mnist::run_benchmark(modes, amplab::cuda_available(), run_mode);
+    } catch (const StopRun& stop) {
+      amplab::log::error(stop.message);
+      std::cerr << stop.message << "\n";
+      return stop.exit_code;
+    }
+
+    amplab::Table table({"mode", "s/epoch", "samples/s", "vs cpu", "peak MiB", "memory", "train loss", "test acc"});
+    nlohmann::json summary_modes = nlohmann::json::array();
+    std::string skipped;
+    for (const auto& r : results) {
+      summary_modes.push_back(to_json(r));
+      if (!r.ran) {
+        table.add_row({r.mode, "-", "-", "-", "-", "skipped", "-", "-"});
+        skipped += "  " + r.mode + ": skipped, " + r.skipped_because + "\n";
+        continue;
+      }
+      table.add_row({r.mode, amplab::fixed(r.seconds_per_epoch, 3), amplab::fixed(r.samples_per_second, 0),
+                     r.speedup_vs_cpu > 0 ? amplab::fixed(r.speedup_vs_cpu, 1) + "x" : "-", amplab::fixed(r.memory.peak_mib, 1),
+                     r.memory.source, amplab::fixed(r.train_loss.back(), 4), amplab::fixed(r.test_accuracy.back(), 4)});
+    }
+    std::cout << "\n" << table.to_string() << skipped;
+    table.write_csv(run.file("results.csv"));
+    run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size}});
+    if (config.mnist.plots) amplab::make_plots("mnist", run);
+    std::cout << "results: " << run.path() << "/ (results.csv, metrics.csv, summary.json, plots)\n";
+    return amplab::kExitOk;
+  });
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""PNG plots of a lab run, from the files the run directory already holds.
+
+    scripts/plot.py mnist  RUN_DIR   epoch_time.png (per mode), accuracy.png (per epoch)
+    scripts/plot.py amp    RUN_DIR   precision.png (time per step and memory per precision)
+    scripts/plot.py memory RUN_DIR   memory_timeline.png (one step's phases), memory_batch.png
+    scripts/plot.py ddp    RUN_DIR   ddp_scaling.png
+"""
+import csv
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load_summary(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def save(fig, run_dir, name):
+    path = os.path.join(run_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def plot_mnist(run_dir):
+    modes = [m for m in load_summary(run_dir)["modes"] if m["ran"]]
+    if not modes:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [m["mode"] for m in modes]
+    seconds = [m["seconds_per_epoch"] for m in modes]
+    bars = ax.barh(names, seconds, color="#4c72b0")
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds per epoch (log scale, lower is better)")
+    ax.invert_yaxis()
+    for bar, s in zip(bars, seconds):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s:.3g} s", va="center")
+    ax.set_title("MNIST: time per epoch")
+    save(fig, run_dir, "epoch_time.png")
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for m in modes:
+        epochs = list(range(1, len(m["test_accuracy"]) + 1))
+        ax.plot(epochs, m["test_accuracy"], marker="o", label=m["mode"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("MNIST: test accuracy per epoch")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, run_dir, "accuracy.png")
+
+
+def plot_amp(run_dir):
+    rows = read_csv(os.path.join(run_dir, "precision.csv"))
+    if not rows:
+        return
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(len(models), 2, figsize=(9, 3 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        sub = [r for r in rows if r["model"] == model]
+        names = [r["precision"] for r in sub]
+        axes[i][0].bar(names, [float(r["step_ms_median"]) for r in sub], color="#4c72b0")
+        axes[i][0].set_ylabel("ms per step (median)")
+        axes[i][0].set_title(f"{model}: time per step")
+        axes[i][1].bar(names, [float(r["peak_mib"]) for r in sub], color="#dd8452")
+        axes[i][1].set_ylabel("peak MiB")
+        axes[i][1].set_title(f"{model}: peak memory")
+    save(fig, run_dir, "precision.png")
+
+
+def plot_memory(run_dir):
+    timeline = os.path.join(run_dir, "memory_timeline.csv")
+    if os.path.exists(timeline):
+        rows = read_csv(timeline)
+        steps = sorted({int(r["step"]) for r in rows})
+        if steps:
+            step = steps[len(steps) // 2]  # a step in the middle: warm, representative
+            sub = [r for r in rows if int(r["step"]) == step]
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            names = [r["phase"] for r in sub]
+            ax.bar(names, [float(r["peak_allocated_mib"]) for r in sub], label="peak allocated", color="#c44e52")
+            ax.bar(names, [float(r["allocated_mib"]) for r in sub], label="allocated at phase end", color="#4c72b0")
+            ax.set_ylabel("MiB (" + sub[0]["source"] + ")")
+            ax.set_title(f"memory by phase, step {step}")
+            ax.legend()
+            save(fig, run_dir, "memory_timeline.png")
+    per_batch = os.path.join(run_dir, "memory_per_batch.csv")
+    if os.path.exists(per_batch):
+        rows = read_csv(per_batch)
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for precision in sorted({r["precision"] for r in rows}):
+            sub = [r for r in rows if r["precision"] == precision and r["fits"] == "yes"]
+            ax.plot([int(r["batch"]) for r in sub], [float(r["peak_mib"]) for r in sub], marker="o", label=precision)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("peak MiB")
+        ax.set_title("peak memory per batch size")
+        ax.legend()
+        save(fig, run_dir, "memory_batch.png")
+
+
+def plot_ddp(run_dir):
+    path = os.path.join(run_dir, "scaling.csv")
+    if not os.path.exists(path):
+        return
+    rows = read_csv(path)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([r["setting"] for r in rows], [float(r["step_ms"]) for r in rows], color="#4c72b0")
+    ax.set_ylabel("ms per step")
+    ax.set_title("DDP: time per step")
+    save(fig, run_dir, "ddp_scaling.png")
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp"}:
+        print(__doc__, file=sys.stderr)
+        return 2
+    {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp}[sys.argv[1]](sys.argv[2])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

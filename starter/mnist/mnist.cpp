@@ -1,0 +1,69 @@
+// Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
+// fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
+// Lab 4, MNIST end to end. Each TODO below is one exercise; see labs/mnist/README.md.
+#include "mnist.hpp"
+
+#include "amplab/data/mnist.hpp"
+#include "amplab/device.hpp"
+#include "amplab/precision.hpp"
+
+namespace mnist {
+
+torch::Device device_for(const Mode& mode) {
+  // TODO(mnist-1): "cpu" trains on the CPU; every other mode on the first GPU (cuda:0). Then
+  // implement place_model() and batch_to_device() below.
+  AMPLAB_TODO("mnist-1");
+}
+
+void place_model(Net& net, torch::Device device) {
+  // TODO(mnist-1): Move every parameter and buffer of `net` to `device`, then check with
+  // amplab::check_on_device that nothing stayed behind (it throws naming what did).
+  AMPLAB_TODO("mnist-1");
+}
+
+amplab::Batch batch_to_device(const amplab::Batch& batch, torch::Device device) {
+  // TODO(mnist-1): Return the batch's input and target on `device`. A copy from the host can be
+  // asynchronous (non_blocking) when the host memory is pinned.
+  AMPLAB_TODO("mnist-1");
+}
+
+ResidentSplit make_resident(const amplab::MnistSplit& split, torch::Device device, bool channels_last) {
+  ResidentSplit out;
+  // TODO(mnist-2): Copy the uint8 images to the device first (4x fewer bytes to move than
+  // floats), normalise them there with amplab::normalize_images (-> (N, 1, 28, 28) float32), and
+  // when `channels_last` convert to torch::MemoryFormat::ChannelsLast (cuDNN's fastest layout for
+  // convolutions). Labels go to the device as they are (int64).
+  AMPLAB_TODO("mnist-2");
+  return out;
+}
+
+amplab::TrainConfig train_config_for(const Mode& mode, const amplab::TrainConfig& base) {
+  amplab::TrainConfig config = base;
+  // TODO(mnist-3): Set config.precision to the mode's precision and check with
+  // amplab::check_supported that its device can run it. The core does the rest: autocast for
+  // the forward pass, a GradScaler for fp16-mixed only (loss_scaling "auto"). CUDA graphs only
+  // exist on GPUs: turn config.cuda_graph off for the cpu mode.
+  AMPLAB_TODO("mnist-3");
+  return config;
+}
+
+MemoryUse memory_use(const amplab::MemoryTracker& tracker) {
+  MemoryUse use;
+  // TODO(mnist-4): Read the tracker's peak per phase (phase_peak(amplab::Phase::forward) and so
+  // on, in bytes) and convert to MiB (1 MiB = 2^20 bytes); peak_mib is the largest of the three.
+  // source: "cpu_rss" when amplab::memory_is_rss(tracker.device()), else "cuda_allocator".
+  AMPLAB_TODO("mnist-4");
+  return use;
+}
+
+std::vector<ModeResult> run_benchmark(const std::vector<Mode>& modes, bool gpu_available, const RunMode& run_mode) {
+  std::vector<ModeResult> results;
+  // TODO(mnist-5): Run every mode in order with run_mode(mode) and collect the results. A mode
+  // that needs a GPU where there is none is not run: record it with ran = false and
+  // skipped_because saying so. Then, if the cpu mode ran, set each result's speedup_vs_cpu to the
+  // cpu seconds_per_epoch divided by its own.
+  AMPLAB_TODO("mnist-5");
+  return results;
+}
+
+}  // namespace mnist
