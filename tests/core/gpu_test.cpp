@@ -1,0 +1,151 @@
+// Core behaviour on a GPU: autocast dtypes, loss scaling with fp16, the memory tracker against
+// analytic sizes, CUDA-graph steps equal to eager ones. Every test skips without a GPU (CI) and
+// runs on the GPU machine (label gpu).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "amplab/cuda_graph.hpp"
+#include "amplab/memory.hpp"
+#include "amplab/precision.hpp"
+#include "amplab/trainer.hpp"
+#include "support.hpp"
+
+namespace amplab {
+namespace {
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+TEST(GpuPrecision, AutocastDtypesOnCuda_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  auto a = torch::randn({64, 64}, kGpu);
+  for (auto [precision, dtype] : {std::pair{Precision::fp16_mixed, torch::kHalf}, std::pair{Precision::bf16_mixed, torch::kBFloat16}}) {
+    AutocastGuard guard(kGpu, precision);
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), dtype);
+    EXPECT_EQ(torch::log_softmax(torch::mm(a, a), 1).scalar_type(), torch::kFloat);  // fp32 op under autocast
+  }
+  EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat);
+}
+
+struct Mlp : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Mlp(int64_t width = 256) {
+    fc1 = register_module("fc1", torch::nn::Linear(width, width));
+    fc2 = register_module("fc2", torch::nn::Linear(width, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+};
+
+TEST(GpuTrainer, Fp16SkipsAnOverflowingStepAndBacksOff_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>();
+  net->to(kGpu);
+  bool poison = false;
+  torch::ScalarType seen = torch::kFloat;
+  TrainConfig config;
+  config.precision = Precision::fp16_mixed;
+  config.optimizer.lr = 0.01;
+  Trainer trainer(net, [&](const Batch& b) {
+    auto out = net->forward(b.input);
+    seen = out.scalar_type();
+    auto loss = torch::nn::functional::cross_entropy(out, b.target);
+    return poison ? loss * std::numeric_limits<float>::infinity() : loss;
+  }, config, kGpu);
+  Batch batch{torch::randn({32, 256}, kGpu), torch::randint(0, 10, {32}, torch::dtype(torch::kInt64).device(kGpu))};
+  auto r = trainer.step(1, [&](int64_t) { return batch; });
+  EXPECT_EQ(seen, torch::kHalf);
+  EXPECT_EQ(r.skipped.item<double>(), 0.0);
+  poison = true;
+  auto before = net->fc1->weight.clone();
+  r = trainer.step(1, [&](int64_t) { return batch; });
+  EXPECT_EQ(r.skipped.item<double>(), 1.0);
+  EXPECT_TRUE(test::tensors_equal(net->fc1->weight, before));
+  EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
+}
+
+TEST(GpuMemory, AllocatingATensorMovesAllocatedByItsSize_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::cuda::synchronize();
+  auto before = read_memory(kGpu).allocated;
+  auto t = torch::empty({64 << 20}, torch::dtype(torch::kFloat32).device(kGpu));  // 256 MiB
+  auto after = read_memory(kGpu).allocated;
+  EXPECT_EQ(after - before, 256LL << 20);
+  t.reset();
+  EXPECT_EQ(read_memory(kGpu).allocated, before);
+}
+
+// Phase peaks of a known MLP against the analytic count. Weights W, gradients G = W, SGD with
+// momentum keeps buffers M = W; activations A of the batch. Forward peak ~ W + A; backward peak
+// ~ W + G + A (+ temporaries); optimizer ~ W + G + M.
+TEST(GpuMemory, PhasePeaksOfAKnownMlpMatchTheAnalyticCount_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  const int64_t width = 4096, batch = 1024, layers = 4;
+  torch::manual_seed(0);
+  auto net = std::make_shared<torch::nn::SequentialImpl>();
+  for (int i = 0; i < layers; ++i) {
+    net->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
+    net->push_back(torch::nn::ReLU());
+  }
+  net->to(kGpu);
+  TrainConfig config;
+  config.optimizer.momentum = 0.9;
+  Trainer trainer(net, [&](const Batch& b) { return net->forward(b.input).pow(2).mean(); }, config, kGpu);
+  Batch data{torch::randn({batch, width}, kGpu), torch::zeros({batch}, kGpu)};
+  for (int i = 0; i < 3; ++i) trainer.step(1, [&](int64_t) { return data; });
+  const double mib = 1 << 20;
+  const double weights = layers * width * width * 4 / mib;  // 256 MiB
+  const double activation = batch * width * 4 / mib;        // 16 MiB per tensor
+  const double input = activation;
+  double forward = trainer.memory().phase_peak(Phase::forward) / mib;
+  double backward = trainer.memory().phase_peak(Phase::backward) / mib;
+  double optimizer = trainer.memory().phase_peak(Phase::optimizer) / mib;
+  std::cout << "[ memory   ] weights " << weights << " MiB, one activation " << activation << " MiB; peaks: forward "
+            << forward << ", backward " << backward << ", optimizer " << optimizer << " MiB\n";
+  // Forward: weights + momentum (kept from the last step) + input + 2 saved tensors per layer.
+  double forward_expected = 2 * weights + input + 2 * layers * activation;
+  EXPECT_NEAR(forward, forward_expected, 0.15 * forward_expected);
+  // Backward adds the gradients (= weights).
+  EXPECT_GT(backward, 2 * weights + weights * 0.9);
+  EXPECT_LT(backward, 3 * weights + input + (2 * layers + 4) * activation);
+  // Optimizer: weights + gradients + momentum.
+  EXPECT_NEAR(optimizer, 3 * weights + input, 0.1 * 3 * weights);
+}
+
+// Replaying the captured step gives what eager steps give (dropout-free model, same data).
+TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  for (Precision precision : {Precision::fp32, Precision::bf16_mixed, Precision::fp16_mixed}) {
+    SCOPED_TRACE(to_string(precision));
+    torch::manual_seed(1);
+    auto eager_net = std::make_shared<Mlp>(), graph_net = std::make_shared<Mlp>();
+    {
+      torch::NoGradGuard g;
+      for (size_t i = 0; i < eager_net->parameters().size(); ++i) graph_net->parameters()[i].copy_(eager_net->parameters()[i]);
+    }
+    eager_net->to(kGpu);
+    graph_net->to(kGpu);
+    TrainConfig config;
+    config.precision = precision;
+    config.optimizer.lr = 0.05;
+    config.optimizer.momentum = 0.9;
+    config.optimizer.fused = true;
+    auto loss_of = [](std::shared_ptr<Mlp> net) {
+      return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
+    };
+    Trainer eager(eager_net, loss_of(eager_net), config, kGpu), graphed(graph_net, loss_of(graph_net), config, kGpu);
+    GraphedTrainStep graph(graphed);
+    for (int step = 0; step < 8; ++step) {
+      Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
+      auto e = eager.step(1, [&](int64_t) { return b; });
+      auto g = graph.step(b);
+      EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+    }
+    EXPECT_TRUE(graph.captured());
+    for (size_t i = 0; i < eager_net->parameters().size(); ++i)
+      EXPECT_TRUE(test::tensors_close(graph_net->parameters()[i], eager_net->parameters()[i], 1e-4, 1e-5));
+    EXPECT_EQ(graphed.global_step(), 8);
+  }
+}
+
+}  // namespace
+}  // namespace amplab
