@@ -24,10 +24,20 @@ TensorBatches::TensorBatches(torch::Tensor inputs, torch::Tensor targets, EpochS
       targets_(std::move(targets)),
       sampler_(std::move(sampler)),
       device_(device),
-      transform_(std::move(transform)) {}
+      transform_(std::move(transform)) {
+  order_ = sampler_.order().to(inputs_.device());
+}
+
+void TensorBatches::set_epoch(int64_t epoch) {
+  if (epoch == sampler_.epoch() && order_.defined()) return;
+  sampler_.set_epoch(epoch);
+  order_ = sampler_.order().to(inputs_.device());
+}
 
 Batch TensorBatches::batch(int64_t index) {
-  torch::Tensor indices = sampler_.batch_indices(index).to(inputs_.device(), /*non_blocking=*/true);
+  const int64_t start = index * sampler_.batch_size();
+  if (index < 0 || index >= sampler_.batches_per_epoch()) sampler_.batch_indices(index);  // throws the range error
+  torch::Tensor indices = order_.narrow(0, start, std::min(sampler_.batch_size(), order_.size(0) - start));
   torch::Tensor input = inputs_.index_select(0, indices).to(device_, /*non_blocking=*/true);
   torch::Tensor target = targets_.index_select(0, indices.to(targets_.device())).to(device_, /*non_blocking=*/true);
   if (transform_) input = transform_(input);

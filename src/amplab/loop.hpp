@@ -29,11 +29,14 @@ class BatchSource {
 
 // Samples held in tensors (on the CPU or already on the device), batched by an EpochSampler.
 // `transform` turns a gathered input batch into the model's input (e.g. uint8 -> normalised float).
+// The epoch's order is copied next to the data once per epoch, so that gathering a batch is
+// device work only: no host-to-device copy per step (from pageable memory that would make the
+// host wait for the GPU every step).
 class TensorBatches : public BatchSource {
  public:
   TensorBatches(torch::Tensor inputs, torch::Tensor targets, EpochSampler sampler, torch::Device device,
                 std::function<torch::Tensor(const torch::Tensor&)> transform = nullptr);
-  void set_epoch(int64_t epoch) override { sampler_.set_epoch(epoch); }
+  void set_epoch(int64_t epoch) override;
   int64_t batches_per_epoch() const override { return sampler_.batches_per_epoch(); }
   Batch batch(int64_t index) override;
   const EpochSampler& sampler() const { return sampler_; }
@@ -41,6 +44,7 @@ class TensorBatches : public BatchSource {
  private:
   torch::Tensor inputs_, targets_;
   EpochSampler sampler_;
+  torch::Tensor order_;  // this rank's epoch order, on the inputs' device
   torch::Device device_;
   std::function<torch::Tensor(const torch::Tensor&)> transform_;
 };

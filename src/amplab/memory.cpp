@@ -1,5 +1,6 @@
 #include "amplab/memory.hpp"
 
+#include <ATen/Context.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -55,6 +56,7 @@ MemoryReading read_memory(torch::Device device) {
   MemoryReading r;
 #ifdef AMPLAB_WITH_CUDA
   if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // the allocator has no stats before CUDA starts
     using c10::CachingDeviceAllocator::StatType;
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
     const auto all = static_cast<size_t>(StatType::AGGREGATE);
@@ -76,6 +78,7 @@ MemoryReading read_memory(torch::Device device) {
 void reset_peak_memory(torch::Device device) {
 #ifdef AMPLAB_WITH_CUDA
   if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
     return;
   }

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <ftw.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -21,8 +24,10 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  // POSIX nftw rather than std::filesystem::remove_all: libtorch.so exports an older, incompatible
+  // copy of remove_all that crashes when the dynamic linker binds to it (seen with g++ 13).
+  nftw(path_.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+       FTW_DEPTH | FTW_PHYS);
 }
 
 std::string TempDir::write(const std::string& name, const std::string& content) const {
