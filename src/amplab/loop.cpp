@@ -137,7 +137,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     int64_t next = epoch == position.epoch ? position.next_batch : 0;
     const int64_t total_steps = (batches + accumulation - 1) / accumulation;
     ProgressBar progress(tag_prefix + "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(config.epochs),
-                         total_steps, main && config.progress);
+                         total_steps, main, main && config.progress);
 
     EpochRecord record;
     record.tag = options.tag;

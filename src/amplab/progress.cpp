@@ -21,8 +21,8 @@ std::string format_duration(double seconds) {
 
 bool ProgressBar::interactive() { return ::isatty(STDERR_FILENO) == 1; }
 
-ProgressBar::ProgressBar(std::string label, int64_t total, bool enabled)
-    : label_(std::move(label)), total_(total), enabled_(enabled), tty_(enabled && interactive()) {}
+ProgressBar::ProgressBar(std::string label, int64_t total, bool enabled, bool bar)
+    : label_(std::move(label)), total_(total), enabled_(enabled), tty_(enabled && bar && interactive()) {}
 
 ProgressBar::~ProgressBar() { finish(); }
 

@@ -11,8 +11,9 @@ namespace amplab {
 
 class ProgressBar {
  public:
-  // `enabled` false prints nothing (e.g. ranks other than 0).
-  ProgressBar(std::string label, int64_t total, bool enabled = true);
+  // `enabled` false prints nothing (e.g. ranks other than 0); `bar` false prints only the plain
+  // lines of note() (as does a non-terminal).
+  ProgressBar(std::string label, int64_t total, bool enabled = true, bool bar = true);
   ~ProgressBar();
   // Redraws on a terminal (at most ~10 times a second); `status` is appended ("loss 0.41").
   void update(int64_t done, const std::string& status = "");

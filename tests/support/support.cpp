@@ -110,7 +110,7 @@ std::string source_dir() {
 
 std::string binary_dir() {
   const char* dir = std::getenv("AMPLAB_BINARY_DIR");
-  return dir ? dir : ".";
+  return dir ? dir : AMPLAB_TEST_BINARY_DIR;
 }
 
 }  // namespace amplab::test
