@@ -423,6 +423,29 @@ TEST(Ddp, DifferentModelsOnTheRanksFailWithAClearError) {
   EXPECT_TRUE(contains(o.output, "exited with code 2")) << o.output;
 }
 
+// The same scenarios on two GPUs over NCCL (skipped where there are fewer).
+TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  Outcome collectives = launch(2, {"collectives", "--nccl"}, 120);
+  ASSERT_EQ(collectives.exit_code, 0) << collectives.output;
+  for (const char* check : {"all-reduce", "broadcast", "all-gather and barrier", "found_inf and metric helpers", "store cleanup"})
+    EXPECT_TRUE(all_ranks_ok(collectives, 2, check));
+  Outcome ddp = launch(2, {"ddp", "--nccl"}, 120);
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_TRUE(all_ranks_ok(ddp, 2, "DDP matches one process with the whole batch (world 2)"));
+  EXPECT_TRUE(all_ranks_ok(ddp, 2, "overlap off = overlap on"));
+  EXPECT_TRUE(all_ranks_ok(ddp, 2, "set_to_none = zero in place"));
+  Outcome accumulate = launch(2, {"accumulate", "--nccl"}, 120);
+  ASSERT_EQ(accumulate.exit_code, 0) << accumulate.output;
+  EXPECT_TRUE(all_ranks_ok(accumulate, 2, "accumulation with no_sync = without"));
+  Outcome unused = launch(2, {"unused", "--nccl"}, 120);
+  ASSERT_EQ(unused.exit_code, 0) << unused.output;
+  EXPECT_TRUE(all_ranks_ok(unused, 2, "a parameter unused on all ranks"));
+  Outcome mismatch = launch(2, {"mismatch", "--nccl"}, 120);
+  EXPECT_EQ(mismatch.exit_code, 2) << mismatch.output;
+  EXPECT_TRUE(contains(mismatch.output, "DDP: the model differs across ranks")) << mismatch.output;
+}
+
 // ------------------------------------------------------------------ ranks that never arrive
 
 std::vector<std::string> lone_rank_env(int rank) {

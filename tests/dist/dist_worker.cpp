@@ -3,8 +3,9 @@
 // environment. Each check prints "rank R: ok <check>"; a failed one ends the process with
 // "error: FAIL <check>: <detail>" and exit code 1; an amplab::Error exits with 2 (guarded_main).
 //
-// The cpu backend runs every scenario here (CI has no GPU); the nccl one is exercised by the
-// same code on GPU machines through the DDP lab.
+// Scenarios run on the cpu backend (CI has no GPU); with --nccl they run on cuda:LOCAL_RANK over
+// the nccl backend instead (dist_test's *_CUDA test, on machines with two GPUs or more). Checks
+// that hold to the bit only for the cpu backend's rank-order sums become fp32 tolerances there.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -31,6 +32,14 @@ constexpr int64_t kIn = 6, kHidden = 16, kOut = 3;
 constexpr double kLr = 0.1;
 
 int g_rank = 0;
+bool g_nccl = false;                   // --nccl: the nccl backend on GPUs
+torch::Device g_device = torch::kCPU;  // where tensors live: cpu, or cuda:LOCAL_RANK with --nccl
+
+torch::Tensor on_device(const torch::Tensor& t) { return t.to(g_device); }
+// Work::wait() only orders the GPU stream; timings and "it finished" need the host to wait.
+void synchronize_device() {
+  if (g_device.is_cuda()) torch::cuda::synchronize();
+}
 
 void ok(const std::string& check) { std::cout << "rank " << g_rank << ": ok " << check << std::endl; }
 
@@ -43,7 +52,7 @@ void expect(bool condition, const std::string& check, const std::string& detail 
 }
 
 std::string bytes_of(const torch::Tensor& t) {
-  auto c = t.detach().contiguous();
+  auto c = t.detach().cpu().contiguous();
   return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
 }
 
@@ -55,16 +64,27 @@ void expect_same_on_all_ranks(dist::Communicator& comm, const torch::Tensor& t, 
 }
 
 void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol, double atol,
-                  const std::string& check) {
-  auto error = (actual - expected).abs();
-  auto bound = atol + rtol * expected.abs();
+                  const std::string& check_name) {
+  const std::string& check = check_name;
+  auto a = actual.detach().cpu().to(torch::kFloat64), e = expected.detach().cpu().to(torch::kFloat64);
+  if (a.sizes() != e.sizes()) fail(check, "sizes differ");
+  auto error = (a - e).abs();
+  auto bound = atol + rtol * e.abs();
   if ((error > bound).any().item<bool>()) {
-    int64_t i = (error > bound).nonzero()[0][0].item<int64_t>();
+    auto flat_error = error.flatten(), flat_bound = bound.flatten();
+    int64_t i = (flat_error > flat_bound).nonzero()[0][0].item<int64_t>();
     std::ostringstream detail;
-    detail << "first mismatch at " << i << ": actual " << actual[i].item<double>() << ", expected "
-           << expected[i].item<double>() << "; largest error " << error.max().item<double>();
+    detail << "first mismatch at flat index " << i << ": actual " << a.flatten()[i].item<double>() << ", expected "
+           << e.flatten()[i].item<double>() << "; largest error " << error.max().item<double>();
     fail(check, detail.str());
   }
+}
+
+// The cpu backend's results repeat to the bit; NCCL's sums may round differently between runs
+// of different bucketings, so there the same result means equal within fp32 rounding.
+void expect_same_result(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& check) {
+  if (g_nccl) expect_close(actual, expected, 1e-6, 1e-7, check);
+  else expect(bytes_of(actual) == bytes_of(expected), check, "the bits differ");
 }
 
 struct Mlp : torch::nn::Module {
@@ -89,16 +109,18 @@ struct Mlp : torch::nn::Module {
 torch::Tensor flat_params(torch::nn::Module& m) {
   std::vector<torch::Tensor> pieces;
   for (const auto& p : m.parameters()) pieces.push_back(p.detach().reshape({-1}));
-  return torch::cat(pieces);
+  return torch::cat(pieces).cpu();
 }
 
 std::shared_ptr<dist::Communicator> connect(double timeout_s = 30) {
   auto world = dist::world_from_env();
   g_rank = world.rank;
   dist::DistConfig config;
-  config.backend = dist::Backend::cpu;
+  config.backend = g_nccl ? dist::Backend::nccl : dist::Backend::cpu;
   config.timeout_s = timeout_s;
-  return dist::make_communicator(world, config, torch::kCPU);
+  auto comm = dist::make_communicator(world, config, g_nccl ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU));
+  g_device = comm->device();
+  return comm;
 }
 
 // ---------------------------------------------------------------- collectives
@@ -108,11 +130,11 @@ int collectives() {
   const int W = comm->size(), r = comm->rank();
 
   // Two all-reduces in flight at once, several dtypes, waited in reverse order.
-  auto a = torch::arange(10, torch::kFloat32) * (r + 1) + 0.25;
-  auto b = torch::full({3, 4}, r + 1, torch::kInt64);
-  auto h = torch::full({7}, 0.5 * (r + 1), torch::kFloat16);
+  auto a = on_device(torch::arange(10, torch::kFloat32) * (r + 1) + 0.25);
+  auto b = on_device(torch::full({3, 4}, r + 1, torch::kInt64));
+  auto h = on_device(torch::full({7}, 0.5 * (r + 1), torch::kFloat16));
   torch::manual_seed(1234 + r);
-  auto c = torch::randn({1000}, torch::kFloat32);
+  auto c = on_device(torch::randn({1000}, torch::kFloat32));
   auto inputs = comm->all_gather_bytes(bytes_of(c));
   auto work1 = comm->all_reduce_sum({a, b, h});
   auto work2 = comm->all_reduce_sum({c});
@@ -120,26 +142,29 @@ int collectives() {
   work1->wait();
   double tri = W * (W + 1) / 2.0;
   expect_close(a, torch::arange(10, torch::kFloat32) * tri + 0.25 * W, 1e-6, 1e-6, "all-reduce float32");
-  expect(b.equal(torch::full({3, 4}, static_cast<int64_t>(tri), torch::kInt64)), "all-reduce int64");
+  expect(b.cpu().equal(torch::full({3, 4}, static_cast<int64_t>(tri), torch::kInt64)), "all-reduce int64");
   expect_close(h.to(torch::kFloat32), torch::full({7}, 0.5 * tri), 1e-3, 1e-3, "all-reduce float16");
-  // Bitwise: the sum in rank order of everyone's inputs, computed here, matches.
+  // The sum of everyone's inputs in rank order, computed here: the cpu backend's, to the bit.
   torch::Tensor expected = torch::zeros({1000});
   for (int q = 0; q < W; ++q) {
     auto input = torch::from_blob(inputs[q].data(), {1000}, torch::kFloat32);
     expected = q == 0 ? input.clone() : expected.add_(input);
   }
-  expect(bytes_of(c) == bytes_of(expected), "all-reduce is the rank-order sum, to the bit");
+  if (g_nccl) expect_close(c, expected, 1e-6, 1e-6, "all-reduce of random values");
+  else expect(bytes_of(c) == bytes_of(expected), "all-reduce is the rank-order sum, to the bit");
   expect_same_on_all_ranks(*comm, c, "all-reduce gives every rank the same bits");
   // 12 MB: more than the store takes in one message (8 MiB), so it travels in chunks.
-  auto big = torch::full({3'000'000}, static_cast<float>(r + 1));
+  auto big = on_device(torch::full({3'000'000}, static_cast<float>(r + 1)));
   comm->all_reduce_sum({big})->wait();
   expect(big.eq(static_cast<float>(tri)).all().item<bool>(), "all-reduce of 12 MB (chunked)");
   ok("all-reduce");
 
   // Broadcast from the last rank, two dtypes.
-  auto f = torch::full({5}, static_cast<float>(r));
-  auto i = torch::full({2, 2}, r, torch::kInt32);
+  auto f = on_device(torch::full({5}, static_cast<float>(r)));
+  auto i = on_device(torch::full({2, 2}, r, torch::kInt32));
   comm->broadcast({f, i}, W - 1);
+  f = f.cpu();
+  i = i.cpu();
   expect(f.equal(torch::full({5}, static_cast<float>(W - 1))) && i.equal(torch::full({2, 2}, W - 1, torch::kInt32)),
          "broadcast from the last rank");
   ok("broadcast");
@@ -155,14 +180,14 @@ int collectives() {
   ok("all-gather and barrier");
 
   // GradScaler's found_inf: one rank's inf makes every rank skip; none, and all step.
-  auto found_inf = torch::full({1}, r == W - 1 ? 1.0f : 0.0f);
+  auto found_inf = on_device(torch::full({1}, r == W - 1 ? 1.0f : 0.0f));
   dist::agree_on_found_inf(*comm, found_inf);
   expect(found_inf.item<float>() == 1.0f, "found_inf on one rank reaches all", std::to_string(found_inf.item<float>()));
-  auto none_found = torch::zeros({1});
+  auto none_found = on_device(torch::zeros({1}));
   dist::agree_on_found_inf(*comm, none_found);
   expect(none_found.item<float>() == 0.0f, "no inf anywhere stays 0");
-  auto loss_mean = dist::mean_across_ranks(*comm, torch::tensor(static_cast<float>(r)));
-  auto count_mean = dist::mean_across_ranks(*comm, torch::tensor(static_cast<int64_t>(2 * r)));
+  auto loss_mean = dist::mean_across_ranks(*comm, on_device(torch::tensor(static_cast<float>(r))));
+  auto count_mean = dist::mean_across_ranks(*comm, on_device(torch::tensor(static_cast<int64_t>(2 * r))));
   expect(loss_mean.scalar_type() == torch::kFloat32 && loss_mean.item<double>() == (W - 1) / 2.0,
          "mean of a float metric", std::to_string(loss_mean.item<double>()));
   expect(count_mean.scalar_type() == torch::kFloat64 && count_mean.item<double>() == W - 1.0,
@@ -172,7 +197,7 @@ int collectives() {
   // The store must not grow with the number of collectives.
   comm->barrier();
   int64_t before = comm->store_key_count();
-  for (int k = 0; k < 200; ++k) comm->all_reduce_sum({torch::ones({4})})->wait();
+  for (int k = 0; k < 200; ++k) comm->all_reduce_sum({on_device(torch::ones({4}))})->wait();
   comm->barrier();
   int64_t after = comm->store_key_count();
   expect(after <= before + 2 * W, "store keys are cleaned up",
@@ -214,11 +239,12 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int W, int micro_
 torch::Tensor train_reference(int W, int micro_steps) {
   torch::manual_seed(100);  // rank 0's initialization
   auto model = std::make_shared<Mlp>();
+  model->to(g_device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, W, micro_steps);
     optimizer.zero_grad();
-    torch::mse_loss(model->forward(x), y).backward();
+    torch::mse_loss(model->forward(on_device(x)), on_device(y)).backward();
     optimizer.step();
   }
   return flat_params(*model);
@@ -228,6 +254,7 @@ Trained train_ddp(const std::shared_ptr<dist::Communicator>& comm, const Variant
   const int W = comm->size(), r = comm->rank();
   torch::manual_seed(100 + r);  // different on every rank: DDP must broadcast rank 0's
   auto model = std::make_shared<Mlp>();
+  model->to(g_device);
   model->running.fill_(static_cast<float>(r));
   dist::DistConfig config;
   config.bucket_mb = kTinyBucketMb;
@@ -238,7 +265,8 @@ Trained train_ddp(const std::shared_ptr<dist::Communicator>& comm, const Variant
 
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = global_batch(step, W, v.micro_steps);
+    auto [x_cpu, y_cpu] = global_batch(step, W, v.micro_steps);
+    auto x = on_device(x_cpu), y = on_device(y_cpu);
     optimizer.zero_grad(v.set_to_none);
     for (int m = 0; m < v.micro_steps; ++m) {
       std::optional<DistributedDataParallel::NoSync> local;
@@ -281,13 +309,13 @@ int ddp() {
   ok("DDP matches one process with the whole batch (world " + std::to_string(W) + ")");
 
   Trained serial = train_ddp(comm, {.overlap = false}, "no overlap");
-  expect(bytes_of(serial.params) == bytes_of(views.params), "overlap off gives the same bits as overlap on");
+  expect_same_result(serial.params, views.params, "overlap off gives the same result as overlap on");
   expect(serial.stats.buckets_during_backward == 0 && serial.stats.buckets_at_finish == kSteps * 3,
          "overlap off: every bucket launched at finish");
   ok("overlap off = overlap on");
 
   Trained copies = train_ddp(comm, {.set_to_none = true}, "set_to_none");
-  expect(bytes_of(copies.params) == bytes_of(views.params), "zero_grad(set_to_none) gives the same bits");
+  expect_same_result(copies.params, views.params, "zero_grad(set_to_none) gives the same result");
   expect(copies.stats.grad_copies == kSteps * 6, "set_to_none: one copy per parameter per step",
          std::to_string(copies.stats.grad_copies));
   ok("set_to_none = zero in place");
@@ -323,11 +351,12 @@ int unused() {
   const int W = comm->size(), r = comm->rank();
   torch::manual_seed(7);
   auto model = std::make_shared<Mlp>(/*with_extra=*/true);
+  model->to(g_device);
   dist::DistConfig config;
   config.bucket_mb = kTinyBucketMb;
   DistributedDataParallel ddp(model, comm, config);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
-  auto x = torch::randn({4, kIn}), y = torch::randn({4, kOut});  // same seed: the same on every rank
+  auto x = on_device(torch::randn({4, kIn})), y = on_device(torch::randn({4, kOut}));  // same seed: same on every rank
 
   // Step 1: only rank 0 takes the extra branch. Its bucket (the first: extra is registered
   // last) cannot complete during backward elsewhere, so other ranks send it at finish time.
@@ -383,6 +412,7 @@ int mismatch() {
   auto comm = connect();
   auto model = std::make_shared<torch::nn::Module>();
   model->register_module("fc", torch::nn::Linear(8, comm->rank() == 0 ? 5 : 4));
+  model->to(g_device);
   dist::DistributedDataParallel ddp(model, comm, {});
   fail("mismatch", "construction succeeded");
 }
@@ -399,7 +429,8 @@ int die(int dying, double timeout_s) {
     std::cout << "rank " << dying << ": dying" << std::endl;
     std::raise(SIGKILL);
   }
-  comm->all_reduce_sum({torch::ones({4})})->wait();
+  comm->all_reduce_sum({on_device(torch::ones({4}))})->wait();
+  synchronize_device();
   fail("die", "the all-reduce completed without rank " + std::to_string(dying));
 }
 
@@ -425,15 +456,13 @@ int sigint() {
 
 // ---------------------------------------------------------------- timing (not a test)
 
-// ms per training step of an MLP (layers x Linear(hidden, hidden), batch 64) without DDP and with
+// ms per training step of an MLP (layers x Linear(hidden, hidden)) without DDP and with
 // DDP in four variants. Alone (no launcher) DDP runs on the single backend, which isolates what
 // the hooks and the set_to_none copies cost; under amplab-run it adds the cpu backend's traffic.
-int bench(int64_t hidden, int layers, int steps) {
-  auto world = dist::world_from_env();
-  g_rank = world.rank;
+int bench(int64_t hidden, int layers, int steps, int64_t batch) {
+  auto comm = connect();
   dist::DistConfig base;
-  base.backend = dist::Backend::cpu;
-  auto comm = dist::make_communicator(world, base, torch::kCPU);
+  base.backend = g_nccl ? dist::Backend::nccl : dist::Backend::cpu;
   auto make_model = [&] {
     torch::manual_seed(0);
     torch::nn::Sequential model;
@@ -441,13 +470,15 @@ int bench(int64_t hidden, int layers, int steps) {
       model->push_back(torch::nn::Linear(hidden, hidden));
       model->push_back(torch::nn::Functional(torch::tanh));
     }
+    model->to(g_device);
     return model;
   };
-  auto x = torch::randn({64, hidden}), y = torch::randn({64, hidden});
+  auto x = on_device(torch::randn({batch, hidden})), y = on_device(torch::randn({batch, hidden}));
   auto time_steps = [&](torch::nn::Sequential& model, DistributedDataParallel* ddp, bool set_to_none) {
     torch::optim::SGD optimizer(model->parameters(), 0.01);
     double ms = 0;
     for (int step = -2; step < steps; ++step) {  // two warm-up steps
+      synchronize_device();
       comm->barrier();
       auto start = std::chrono::steady_clock::now();
       optimizer.zero_grad(set_to_none);
@@ -455,13 +486,14 @@ int bench(int64_t hidden, int layers, int steps) {
       torch::mse_loss(model->forward(x), y).backward();
       if (ddp) ddp->finish_gradient_sync();
       optimizer.step();
+      synchronize_device();
       if (step >= 0) ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     }
     return ms / steps;
   };
   double mb = static_cast<double>(layers * (hidden * hidden + hidden) * 4) / (1 << 20);
   if (g_rank == 0)
-    std::cout << "MLP " << layers << " x Linear(" << hidden << "), " << mb << " MiB of gradients, backend "
+    std::cout << "MLP " << layers << " x Linear(" << hidden << "), batch " << batch << " per rank, " << mb << " MiB of gradients, backend "
               << comm->backend() << ", world " << comm->size() << ", " << at::get_num_threads() << " threads" << std::endl;
   {
     auto model = make_model();
@@ -485,19 +517,25 @@ int bench(int64_t hidden, int layers, int steps) {
 }
 
 int run(int argc, char** argv) {
-  std::string scenario = argc > 1 ? argv[1] : "";
+  std::vector<std::string> args;  // the scenario and its arguments, without --nccl
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--nccl") g_nccl = true;
+    else args.push_back(argv[i]);
+  }
+  std::string scenario = args.empty() ? "" : args[0];
   if (scenario == "collectives") return collectives();
   if (scenario == "ddp") return ddp();
   if (scenario == "accumulate") return accumulate();
   if (scenario == "unused") return unused();
   if (scenario == "mismatch") return mismatch();
-  if (scenario == "die") return die(argc > 2 ? std::stoi(argv[2]) : 1, argc > 3 ? std::stod(argv[3]) : 120.0);
-  if (scenario == "join") return join(argc > 2 ? std::stod(argv[2]) : 2.0);
+  auto arg = [&](size_t i, const std::string& fallback) { return args.size() > i ? args[i] : fallback; };
+  if (scenario == "die") return die(std::stoi(arg(1, "1")), std::stod(arg(2, "120")));
+  if (scenario == "join") return join(std::stod(arg(1, "2")));
   if (scenario == "sigint") return sigint();
   if (scenario == "bench")
-    return bench(argc > 2 ? std::stoll(argv[2]) : 1024, argc > 3 ? std::stoi(argv[3]) : 4, argc > 4 ? std::stoi(argv[4]) : 20);
+    return bench(std::stoll(arg(1, "1024")), std::stoi(arg(2, "4")), std::stoi(arg(3, "20")), std::stoll(arg(4, "64")));
   throw Error("dist_worker: unknown scenario '" + scenario +
-              "'; use collectives, ddp, accumulate, unused, mismatch, die [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps]]]");
+              "'; use collectives, ddp, accumulate, unused, mismatch, die [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps [batch]]]]; add --nccl for GPUs");
 }
 
 }  // namespace
