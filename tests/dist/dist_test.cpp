@@ -273,12 +273,31 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
   EXPECT_EQ(ddp.stats().grad_copies, 2 * 4);  // steps 0 and 2 reset .grad to none: one copy per parameter
 }
 
-TEST(Ddp, RefusesToWrapTwiceAndChecksDevices) {
+TEST(Ddp, RefusesToWrapTwice) {
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
   auto model = std::make_shared<TwoLayers>();
   dist::DistributedDataParallel first(model, comm);
   EXPECT_TRUE(test::throws_with([&] { dist::DistributedDataParallel second(model, comm); },
                                 {"fc1.weight", "already has a post-accumulate-grad hook"}));
+}
+
+// A weight registered under two names (tied embeddings) is one parameter: one slot, one hook.
+TEST(Ddp, TiedWeightsAreSynchronizedOnce) {
+  struct Tied : torch::nn::Module {
+    Tied() {
+      w = register_parameter("w", torch::randn({4, 4}));
+      register_parameter("w_again", w);
+    }
+    torch::Tensor w;
+  };
+  auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
+  auto model = std::make_shared<Tied>();
+  dist::DistributedDataParallel ddp(model, comm);
+  using Names = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(ddp.bucket_layout(), (Names{{"w"}}));
+  (model->w * 2).sum().backward();
+  ddp.finish_gradient_sync();
+  EXPECT_TRUE(test::tensors_equal(model->w.grad(), torch::full({4, 4}, 2.0f)));
 }
 
 // ------------------------------------------------------------------ the launcher

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <set>
 #include <sstream>
 
 #include "amplab/error.hpp"
@@ -78,8 +79,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   // What every rank must agree on, one line per entry; the device is left out (cuda:LOCAL_RANK differs).
   std::vector<std::string> signature;
   std::vector<torch::Tensor> everything;  // parameters then buffers, broadcast from rank 0
+  std::set<const void*> seen;             // a tied weight appears under several names: sync it once
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     if (p.device() != comm_->device())
       throw Error("DDP: parameter '" + item.key() + "' is on " + p.device().str() + " but rank " +
                   std::to_string(comm_->rank()) + " communicates on " + comm_->device().str() +
