@@ -1,0 +1,148 @@
+// Data-parallel training: every rank holds the same model, trains on its own shard of each
+// batch, and averages gradients with the others before the optimizer step, so all ranks take
+// the same step. PyTorch's DistributedDataParallel, in C++, without the forward wrapper:
+//
+//   auto comm = dist::make_communicator(world, config.dist, device);
+//   dist::DistributedDataParallel ddp(model, comm, config.dist);  // checks + broadcasts rank 0's weights
+//   for (each step) {
+//     optimizer.zero_grad(/*set_to_none=*/false);                 // see "Gradients are bucket views"
+//     for (micro-step m of M) {
+//       std::optional<dist::DistributedDataParallel::NoSync> local;
+//       if (m + 1 < M) local.emplace(ddp);                         // accumulate locally, no traffic
+//       ddp.before_forward();                                      // rank 0's buffers
+//       auto loss = loss_fn(model->forward(x_m), y_m) / M;
+//       loss.backward();                                           // buckets all-reduce as grads get ready
+//     }
+//     ddp.finish_gradient_sync();                                  // before unscale/clip/step
+//     optimizer.step();
+//   }
+//
+// How gradients travel. Trainable parameters are grouped into buckets of about
+// DistConfig::bucket_mb, in reverse registration order (the order backward produces their
+// gradients: last layer first). A PostAccumulateGradHook on each parameter marks it ready once
+// autograd has added its gradient into .grad; when every parameter of a bucket is ready, and
+// all earlier buckets have gone, the bucket is divided by the world size and all-reduced (sum)
+// asynchronously, while backward goes on computing earlier layers. finish_gradient_sync() sends
+// what is left and waits for everything. With overlap=false all buckets go at finish time (to
+// measure what overlap buys). Buckets always launch in the same order on every rank, which
+// collectives require.
+//
+// Gradients are bucket views: each parameter's .grad aliases its slice of the bucket's flat
+// buffer, so autograd accumulates straight into the buffer that is all-reduced (no copy in, no
+// copy out; PyTorch's gradient_as_bucket_view=True). This holds as long as gradients are zeroed
+// in place: optimizer.zero_grad(false). With zero_grad() (set_to_none, LibTorch's default) the
+// next backward allocates fresh gradients; the hook then copies each into its slice and points
+// .grad back at the slice. Results are the same, it just costs one copy per parameter per step
+// (stats().grad_copies counts them). Do not keep references to .grad tensors across steps.
+//
+// Parameters that get no gradient in a step (a branch not taken on this rank) contribute zeros
+// to the average; after finish_gradient_sync() every trainable parameter has a defined .grad,
+// equal on all ranks, so all ranks step identically. Unlike a single process, where such a
+// parameter's .grad stays undefined and the optimizer skips it, it gets a zero (or other
+// ranks') gradient: with plain SGD that is the same update, with weight decay or momentum it is
+// not. Freeze parameters you never train (requires_grad=false): they are not synchronized. A
+// rank that leaves a parameter unused also loses the overlap for its bucket and the ones after
+// (they go at finish time). The first time it happens a warning names the parameter.
+//
+// One backward per step: a parameter that gets a second gradient before finish_gradient_sync()
+// is an error (use no_sync() for accumulation micro-steps). Not supported: create_graph
+// (double backward) and parameters on more than one device.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "amplab/dist/communicator.hpp"
+#include "amplab/dist/world.hpp"
+
+namespace amplab::dist {
+
+class DistributedDataParallel {
+ public:
+  // Checks that every rank has the same parameters and buffers (names, dtypes, shapes, which
+  // are trainable) and the same bucket size, else an amplab::Error names the first difference
+  // and the ranks; then copies rank 0's parameters and buffers to all ranks, builds the buckets
+  // and points each trainable parameter's .grad at its bucket slice. The model must already be
+  // on comm->device().
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Communicator> comm,
+                          const DistConfig& config = {});
+  // Removes the gradient hooks (the module may outlive this object). Any gradients still in
+  // flight are waited for.
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  torch::nn::Module& module() const { return *module_; }
+  Communicator& communicator() const { return *comm_; }
+
+  // Copies rank 0's buffers (BatchNorm running statistics...) to every rank, when
+  // broadcast_buffers is on and the model has buffers. Call before each forward.
+  void before_forward();
+
+  // Sends the buckets not sent during backward, waits for all of them, and leaves every
+  // trainable parameter's .grad holding the average over ranks. Call after backward and before
+  // GradScaler's unscale, gradient clipping and the optimizer step. Inside no_sync() it does
+  // nothing (the gradients stay local until the next synchronized backward).
+  void finish_gradient_sync();
+
+  // While alive, backward only accumulates into .grad locally; the next backward outside it
+  // all-reduces the accumulated gradients once. For gradient-accumulation micro-steps.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  // What happened so far, for tests and benchmarks.
+  struct Stats {
+    int64_t syncs = 0;                     // finish_gradient_sync() calls that synchronized
+    int64_t buckets_during_backward = 0;   // all-reduces launched from gradient hooks (overlapped)
+    int64_t buckets_at_finish = 0;         // all-reduces launched by finish_gradient_sync()
+    int64_t grad_copies = 0;               // fresh .grad tensors copied into their bucket (set_to_none)
+    int64_t unused_parameters = 0;         // parameter-steps without a gradient on this rank
+  };
+  Stats stats() const;
+  // The parameter names of each bucket, in launch order (the last layer's first).
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  struct Slot;
+  struct Bucket;
+  class GradReadyHook;
+
+  void check_same_model_on_all_ranks(const std::vector<std::string>& signature);
+  void build_buckets(double bucket_mb);
+  void on_grad_ready(size_t slot);  // called by the hooks, from autograd's thread
+  void launch(size_t bucket, bool during_backward);
+  void reset_step();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<Communicator> comm_;
+  bool overlap_;
+  bool broadcast_buffers_;
+  std::vector<torch::Tensor> buffers_;
+
+  mutable std::mutex mutex_;  // the hooks run on autograd's thread (the device thread for CUDA)
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;  // buckets launch in index order; this one is next
+  std::atomic<bool> sync_enabled_{true};
+  bool warned_unused_ = false;
+  Stats stats_;
+};
+
+}  // namespace amplab::dist

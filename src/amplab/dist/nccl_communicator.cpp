@@ -1,0 +1,192 @@
+// The nccl backend: c10d::ProcessGroupNCCL on cuda:LOCAL_RANK, over rank 0's TCPStore.
+//
+// Collectives run on NCCL's own CUDA stream: all_reduce_sum returns at once, and Work::wait()
+// makes the *current* stream wait for the result (the host does not block), which is what lets
+// DDP overlap communication with backward. Metadata (all_gather_bytes) and barrier() go through
+// the store, on the host.
+//
+// Timeouts: the rendezvous (and all_gather_bytes/barrier) fail with an amplab::Error naming the
+// missing ranks. A GPU collective that exceeds dist.timeout_s is caught by torch's NCCL watchdog,
+// which logs the collective and aborts the process (TORCH_NCCL_ASYNC_ERROR_HANDLING's default);
+// the launcher then stops the other ranks and names the one that failed.
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <atomic>
+#include <map>
+
+#include "amplab/dist/backends.hpp"
+#include "amplab/dist/rendezvous.hpp"
+#include "amplab/error.hpp"
+
+namespace amplab::dist::detail {
+
+namespace {
+
+std::string first_line(const c10::Error& e) {
+  std::string message = e.what_without_backtrace();
+  return message.substr(0, message.find('\n'));
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(c10::intrusive_ptr<c10d::Work> work, std::string what) : work_(std::move(work)), what_(std::move(what)) {}
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const c10::Error& e) {
+      throw Error(what_ + ": " + first_line(e));
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const WorldInfo& world, const DistConfig& config)
+      : world_(world),
+        timeout_(to_timeout(config.timeout_s)),
+        device_(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank)) {
+    int visible = c10::cuda::device_count();
+    if (world.local_rank >= visible) {
+      throw Error("rank " + std::to_string(world.rank) + " has LOCAL_RANK=" + std::to_string(world.local_rank) +
+                  " but this node sees " + std::to_string(visible) +
+                  " GPU(s): start at most that many workers per node (amplab-run --nproc-per-node), or check "
+                  "CUDA_VISIBLE_DEVICES");
+    }
+    c10::cuda::set_device(device_.index());
+
+    store_ = connect_store(world_, timeout_);
+    // Our own connection to the store, apart from the one NCCL's process group uses.
+    exchange_ = std::make_unique<StoreExchange>(store_->clone(), world_, timeout_, "amplab/meta/");
+    exchange_->barrier("joining the process group (rendezvous at " + world_.master_addr + ":" +
+                           std::to_string(world_.master_port) + ")",
+                       StoreExchange::kJoinHint);
+
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout_;
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("amplab/nccl/", store_),
+                                                           world_.rank, world_.world_size, options);
+      // Create the NCCL communicator now rather than at the first collective, so set-up
+      // problems (driver, topology, a missing peer) surface here, with a clear message.
+      group_->setBoundDeviceId(device_);
+      group_->eagerConnectSingleDevice(device_);
+    } catch (const c10::Error& e) {
+      throw Error("rank " + std::to_string(world_.rank) + " could not set up NCCL on " + device_.str() + ": " +
+                  first_line(e) + " (NCCL_DEBUG=INFO shows why)");
+    }
+  }
+
+  ~NcclCommunicator() override {
+    try {
+      finish(/*wait_for_others=*/std::uncaught_exceptions() == 0);
+    } catch (...) {
+    }
+  }
+
+  int rank() const override { return world_.rank; }
+  int size() const override { return world_.world_size; }
+  std::string backend() const override { return "nccl"; }
+  torch::Device device() const override { return device_; }
+
+  std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
+    check_device(tensors, "all_reduce_sum");
+    std::string what = "nccl all-reduce #" + std::to_string(++issued_);
+    try {
+      c10d::AllreduceOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      if (tensors.size() == 1) return std::make_shared<NcclWork>(group_->allreduce(tensors, options), what);
+      c10d::AllreduceCoalescedOptions coalesced;
+      coalesced.reduceOp = c10d::ReduceOp::SUM;
+      return std::make_shared<NcclWork>(group_->allreduce_coalesced(tensors, coalesced), what);
+    } catch (const c10::Error& e) {
+      throw Error(what + ": " + first_line(e));
+    }
+  }
+
+  void broadcast(std::vector<torch::Tensor> tensors, int root) override {
+    check_device(tensors, "broadcast");
+    std::string what = "nccl broadcast #" + std::to_string(++issued_) + " from rank " + std::to_string(root);
+    torch::NoGradGuard no_grad;  // the tensors are often parameters
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    // One broadcast per dtype: the tensors of a dtype travel as one flat buffer, which matters
+    // when a model has many small buffers (BatchNorm's statistics).
+    std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+    for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+    try {
+      for (auto& [dtype, group] : by_dtype) {
+        if (group.size() == 1 && group[0].is_contiguous()) {  // in place, no copies
+          group_->broadcast(group, options)->wait();
+          continue;
+        }
+        std::vector<torch::Tensor> pieces;
+        for (const auto& t : group) pieces.push_back(t.reshape({-1}));
+        std::vector<torch::Tensor> flat{torch::cat(pieces)};
+        group_->broadcast(flat, options)->wait();
+        if (world_.rank == root) continue;
+        int64_t offset = 0;
+        for (auto& t : group) {
+          t.copy_(flat[0].narrow(0, offset, t.numel()).view(t.sizes()));
+          offset += t.numel();
+        }
+      }
+    } catch (const c10::Error& e) {
+      throw Error(what + ": " + first_line(e));
+    }
+  }
+
+  std::vector<std::string> all_gather_bytes(const std::string& mine) override {
+    return exchange_->all_gather("nccl all-gather (host) #" + std::to_string(++host_issued_), mine);
+  }
+
+  void barrier() override { exchange_->barrier("nccl barrier (host) #" + std::to_string(++host_issued_)); }
+
+  void shutdown() override { finish(/*wait_for_others=*/true); }
+
+  int64_t store_key_count() override { return exchange_->key_count(); }
+
+ private:
+  void check_device(const std::vector<torch::Tensor>& tensors, const char* op) const {
+    for (const auto& t : tensors) {
+      if (!t.defined()) throw Error(std::string("nccl backend ") + op + ": got an undefined tensor");
+      if (t.device() != device_) {
+        throw Error(std::string("nccl backend ") + op + ": got a tensor on " + t.device().str() + ", but rank " +
+                    std::to_string(world_.rank) + " communicates on " + device_.str() +
+                    " (cuda:LOCAL_RANK): move the model and data there");
+      }
+    }
+  }
+
+  void finish(bool wait_for_others) {
+    if (finished_) return;
+    finished_ = true;
+    group_->shutdown();  // waits for queued collectives, then frees NCCL's communicators
+    exchange_->leave(wait_for_others);
+  }
+
+  WorldInfo world_;
+  std::chrono::milliseconds timeout_;
+  torch::Device device_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<StoreExchange> exchange_;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> group_;
+  std::atomic<int64_t> issued_{0};  // GPU collectives issued (for messages); DDP issues from autograd's thread
+  int64_t host_issued_ = 0;         // store-based ones
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo& world, const DistConfig& config) {
+  return std::make_shared<NcclCommunicator>(world, config);
+}
+
+}  // namespace amplab::dist::detail

@@ -1,0 +1,211 @@
+#include "amplab/dist/rendezvous.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "amplab/error.hpp"
+
+namespace amplab::dist::detail {
+
+namespace {
+
+// torch's store errors carry a C++ backtrace after the first line; users need the first line.
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+  message = message.substr(0, message.find('\n'));
+  while (!message.empty() && (message.back() == '.' || message.back() == ' ')) message.pop_back();
+  return message;
+}
+
+std::string store_address(const WorldInfo& world) {
+  return world.master_addr + ":" + std::to_string(world.master_port);
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// While a client retries connecting, torch logs every failed try as an error with a C++
+// backtrace; we report the outcome in one line instead. Start-up only: hiding torch's logs
+// for longer would hide problems we do not report.
+class QuietTorchLogs {
+ public:
+  QuietTorchLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; /* FATAL only */ }
+  ~QuietTorchLogs() { FLAGS_caffe2_log_level = saved_; }
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
+std::chrono::milliseconds to_timeout(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+std::string format_seconds(std::chrono::milliseconds timeout) {
+  std::ostringstream out;
+  out << static_cast<double>(timeout.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(world.master_port);
+  options.isServer = world.rank == 0;
+  options.numWorkers = world.world_size;
+  // We do our own rendezvous right after (StoreExchange::barrier), whose timeout names the
+  // missing ranks; the store's built-in wait only reports a count.
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  try {
+    QuietTorchLogs quiet;
+    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+  } catch (const std::exception& e) {
+    if (world.rank == 0) {
+      throw Error("rank 0 could not host the rendezvous store on port " + std::to_string(world.master_port) + ": " +
+                  first_line(e) + "; is another job using it? pick another MASTER_PORT (amplab-run --master-port, or --standalone for a free one)");
+    }
+    throw Error("rank " + std::to_string(world.rank) + " could not reach the rendezvous store at " + store_address(world) +
+                " (hosted by rank 0) within " + format_seconds(timeout) + ": " + first_line(e) +
+                "; check that rank 0 is running and that MASTER_ADDR and MASTER_PORT point at it");
+  }
+}
+
+StoreExchange::StoreExchange(c10::intrusive_ptr<c10d::Store> store, const WorldInfo& world,
+                             std::chrono::milliseconds timeout, std::string prefix)
+    : store_(std::move(store)), world_(world), timeout_(timeout), prefix_(std::move(prefix)) {}
+
+void StoreExchange::throw_store_error(const std::string& what, const std::exception& e) {
+  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr && world_.rank != 0) {
+    throw Error(what + ": rank " + std::to_string(world_.rank) + " lost the connection to the rendezvous store at " +
+                store_address(world_) + ": rank 0, which hosts it, has probably exited (see its output): " +
+                first_line(e));
+  }
+  throw Error(what + ": rendezvous store error on rank " + std::to_string(world_.rank) + ": " + first_line(e));
+}
+
+void StoreExchange::wait_for(const std::string& what, const std::vector<std::string>& keys,
+                             const std::vector<int>& ranks, const std::string& hint) {
+  if (keys.empty()) return;
+  try {
+    store_->wait(keys, timeout_);
+    return;
+  } catch (const c10::DistNetworkError& e) {
+    throw_store_error(what, e);
+  } catch (const c10::Error& e) {
+    // A timeout: find out who is missing, to name them.
+    std::vector<int> missing;
+    try {
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (!store_->check({keys[i]})) missing.push_back(ranks[i]);
+    } catch (const std::exception& e2) {
+      throw_store_error(what, e2);
+    }
+    if (missing.empty()) throw_store_error(what, e);
+    throw Error(what + ": rank " + std::to_string(world_.rank) + " timed out after " + format_seconds(timeout_) +
+                " waiting for " + format_ranks(missing) + " (of " + std::to_string(world_.world_size) + "); " + hint);
+  }
+}
+
+std::vector<std::string> StoreExchange::round(const std::string& what, bool post, const std::string& mine,
+                                              const std::vector<int>& from, const std::string& hint) {
+  const std::string round_prefix = prefix_ + std::to_string(next_round_++) + "/";
+  auto key_of = [&](int rank) { return round_prefix + std::to_string(rank); };
+  auto chunk_key = [&](int rank, size_t i) { return key_of(rank) + "/" + std::to_string(i); };
+
+  std::vector<std::string> out(from.size());
+  std::vector<uint32_t> extra_chunks(from.size(), 0);  // per rank in `from`, for the clean-up
+  try {
+    if (post) {
+      // The extra chunks first, then the main key: once a reader sees the main key, all is there.
+      uint32_t extra = mine.size() <= kChunkBytes ? 0 : static_cast<uint32_t>((mine.size() - 1) / kChunkBytes);
+      for (uint32_t i = 1; i <= extra; ++i)
+        store_->set(chunk_key(world_.rank, i), to_bytes(mine.substr(i * kChunkBytes, kChunkBytes)));
+      std::string head(reinterpret_cast<const char*>(&extra), sizeof extra);
+      store_->set(key_of(world_.rank), to_bytes(head + mine.substr(0, kChunkBytes)));
+      for (size_t i = 0; i < from.size(); ++i)
+        if (from[i] == world_.rank) extra_chunks[i] = extra;
+    }
+
+    std::vector<std::string> keys;
+    std::vector<int> ranks;
+    std::vector<size_t> slots;  // index into `from` of each key
+    for (size_t i = 0; i < from.size(); ++i) {
+      if (from[i] == world_.rank && post) {
+        out[i] = mine;  // our own bytes
+        continue;
+      }
+      keys.push_back(key_of(from[i]));
+      ranks.push_back(from[i]);
+      slots.push_back(i);
+    }
+    wait_for(what, keys, ranks, hint);
+    std::vector<std::vector<uint8_t>> heads = keys.empty() ? std::vector<std::vector<uint8_t>>{} : store_->multiGet(keys);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const auto& head = heads[k];
+      uint32_t extra = 0;
+      if (head.size() < sizeof extra) throw Error(what + ": malformed message from rank " + std::to_string(ranks[k]));
+      std::memcpy(&extra, head.data(), sizeof extra);
+      std::string& bytes = out[slots[k]];
+      bytes.assign(head.begin() + sizeof extra, head.end());
+      extra_chunks[slots[k]] = extra;
+      if (extra == 0) continue;
+      std::vector<std::string> rest;
+      for (uint32_t i = 1; i <= extra; ++i) rest.push_back(chunk_key(ranks[k], i));
+      for (const auto& chunk : store_->multiGet(rest)) bytes.append(chunk.begin(), chunk.end());
+    }
+
+    // Everyone counts themselves done; the last one deletes the round's keys. In our rounds the
+    // ranks read from are the ranks that posted (all_gather: all; broadcast: the root).
+    if (store_->add(round_prefix + "done", 1) == world_.world_size) {
+      for (size_t i = 0; i < from.size(); ++i) {
+        store_->deleteKey(key_of(from[i]));
+        for (uint32_t c = 1; c <= extra_chunks[i]; ++c) store_->deleteKey(chunk_key(from[i], c));
+      }
+      store_->deleteKey(round_prefix + "done");
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw_store_error(what, e);
+  }
+  return out;
+}
+
+std::vector<std::string> StoreExchange::all_gather(const std::string& what, const std::string& mine,
+                                                   const std::string& hint) {
+  std::vector<int> everyone(world_.world_size);
+  for (int r = 0; r < world_.world_size; ++r) everyone[r] = r;
+  return round(what, true, mine, everyone, hint);
+}
+
+void StoreExchange::leave(bool wait) {
+  const std::string leave_prefix = prefix_ + "left/";
+  if (world_.rank != 0) {
+    store_->set(leave_prefix + std::to_string(world_.rank), std::vector<uint8_t>{});
+    return;
+  }
+  if (!wait) return;
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int r = 1; r < world_.world_size; ++r) {
+    keys.push_back(leave_prefix + std::to_string(r));
+    ranks.push_back(r);
+  }
+  wait_for("leaving the process group", keys, ranks, kCollectiveHint);
+}
+
+int64_t StoreExchange::key_count() { return store_->getNumKeys(); }
+
+}  // namespace amplab::dist::detail

@@ -1,0 +1,72 @@
+// Who this process is in a multi-process run, read from the environment that torchrun (or the
+// project's launcher, amplab-run) gives each worker, and the distributed settings of a run.
+// No torch here: the launcher's tests and the config code use it too.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "amplab/config.hpp"
+
+namespace amplab::dist {
+
+// torchrun's worker environment. Without WORLD_SIZE the process runs alone: rank 0 of 1.
+struct WorldInfo {
+  int rank = 0;              // RANK: this worker among all workers, [0, world_size)
+  int local_rank = 0;        // LOCAL_RANK: this worker on its node, [0, local_world_size); picks the GPU
+  int world_size = 1;        // WORLD_SIZE: workers in the whole job
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE: workers on this node
+  int group_rank = 0;        // GROUP_RANK: this node's index, [0, nodes)
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR: host of rank 0, which hosts the rendezvous store
+  int master_port = 29500;                // MASTER_PORT: the store's TCP port
+
+  // More than one worker: gradients must be synchronized.
+  bool is_distributed() const { return world_size > 1; }
+  // Rank 0 writes the run directory, checkpoints and logs; the others only compute.
+  bool is_main() const { return rank == 0; }
+  // "rank 1 of 4 (local 1 of 2, node 0), store 127.0.0.1:29500", or "single process".
+  std::string describe() const;
+};
+
+// Looks up one environment variable; returns nullptr when it is not set.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Reads the worker environment (std::getenv by default). When WORLD_SIZE is set, RANK,
+// LOCAL_RANK and LOCAL_WORLD_SIZE must be too (GROUP_RANK defaults to RANK / LOCAL_WORLD_SIZE,
+// MASTER_ADDR:MASTER_PORT to 127.0.0.1:29500). A missing or malformed variable is an
+// amplab::Error naming it and the values it may take.
+WorldInfo world_from_env();
+WorldInfo world_from_env(const EnvLookup& lookup);
+
+// How collectives are carried out.
+enum class Backend {
+  automatic,  // nccl when the run's device is a GPU, else cpu
+  nccl,       // NVIDIA's library over NVLink/PCIe/network: the fast path for GPUs
+  cpu,        // the project's own store-based collectives: for tests and small CPU runs
+};
+inline constexpr std::pair<Backend, const char*> kBackendNames[] = {
+    {Backend::automatic, "auto"}, {Backend::nccl, "nccl"}, {Backend::cpu, "cpu"}};
+inline std::span<const std::pair<Backend, const char*>> enum_names(Backend) { return kBackendNames; }
+
+// Settings of distributed runs, under `dist:` in a lab's YAML. Ignored by single-process runs.
+struct DistConfig {
+  Backend backend = Backend::automatic;  // see Backend
+  double timeout_s = 300;                // seconds any rank waits for the others before failing
+  double bucket_mb = 25;                 // MiB of gradients all-reduced together (PyTorch's bucket_cap_mb)
+  bool overlap = true;                   // all-reduce each bucket as soon as its gradients are ready
+  bool broadcast_buffers = true;         // copy rank 0's buffers (e.g. BatchNorm stats) before each forward
+
+  template <class V>
+  void fields(V& v) {
+    v.field("backend", backend, "collectives: auto (nccl on GPUs, else cpu), nccl, or cpu (tests, small CPU runs)");
+    v.field("timeout_s", timeout_s, "seconds a rank waits for the others (rendezvous, collectives) before failing",
+            Range<double>::positive());
+    v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
+    v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
+    v.field("broadcast_buffers", broadcast_buffers, "broadcast rank 0's module buffers before each forward");
+  }
+};
+
+}  // namespace amplab::dist

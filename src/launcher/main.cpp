@@ -1,0 +1,171 @@
+// amplab-run: starts the workers of a distributed run on this node, torchrun-style.
+//
+//   amplab-run --nproc-per-node 2 -- build/bin/ddp --config configs/ddp.yaml
+//   amplab-run --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 --nproc-per-node 8 -- ...
+//
+// Each worker gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) on top of the launcher's own, so
+// NCCL_*, CUDA_VISIBLE_DEVICES and friends pass through. What it does not do, unlike torchrun:
+// restarts, elastic membership, a rendezvous between nodes (each node is started by hand with
+// the same --nnodes/--master-addr/--master-port and its own --node-rank).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <thread>
+
+#include "supervisor.hpp"
+
+extern char** environ;
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+// The variables the launcher sets; any the launcher itself inherited are replaced.
+const std::set<std::string> kWorkerVariables = {"RANK",       "LOCAL_RANK",       "WORLD_SIZE",  "LOCAL_WORLD_SIZE",
+                                                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",   "ROLE_WORLD_SIZE",
+                                                "MASTER_ADDR", "MASTER_PORT"};
+
+// A TCP port nobody listens on now: bind port 0, read what the kernel chose, close. Another
+// program could take it before rank 0 binds it; unlikely, and rank 0 then says so.
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+// The launcher's environment minus what it sets (and torchrun's elastic agent's variables,
+// which would make a worker think an elastic agent supervises it).
+std::vector<std::string> inherited_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    if (kWorkerVariables.count(name) || name.rfind("TORCHELASTIC_", 0) == 0) continue;
+    env.push_back(entry);
+  }
+  return env;
+}
+
+bool has_variable(const std::vector<std::string>& env, const std::string& name) {
+  for (const auto& entry : env)
+    if (entry.rfind(name + "=", 0) == 0) return true;
+  return false;
+}
+
+int usage_error(const std::string& message) {
+  std::cerr << "amplab-run: " << message << " (see amplab-run --help)\n";
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nproc_per_node = 1, nnodes = 1, node_rank = 0, master_port = 0;
+  std::string master_addr;
+  bool standalone = false;
+  double grace_s = 5;
+
+  CLI::App app(
+      "Starts N worker processes on this node with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, "
+      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes their output with [rank N], forwards "
+      "SIGINT/SIGTERM, and stops them all when one fails.\n\n"
+      "  amplab-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] "
+      "[--standalone] -- BINARY [ARGS...]",
+      "amplab-run");
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc_per_node, "workers on this node (one per GPU)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--nnodes", nnodes, "nodes in the job (start amplab-run on each)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--node-rank,--node_rank", node_rank, "this node's index, in [0, nnodes)")->capture_default_str();
+  app.add_option("--master-addr,--master_addr", master_addr,
+                 "host of node 0, where rank 0 hosts the rendezvous store (default 127.0.0.1)");
+  app.add_option("--master-port,--master_port", master_port,
+                 "the store's TCP port (default: a free port on one node, 29500 on several)")
+      ->check(CLI::Range(1, 65535));
+  app.add_flag("--standalone", standalone, "one node, local store on a free port");
+  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  // Everything from the first positional argument (or after "--") is the worker's command line.
+  app.prefix_command();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+
+  std::vector<std::string> command = app.remaining();
+  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  if (command.empty()) return usage_error("no worker command: put it after --, e.g. amplab-run --nproc-per-node 2 -- build/bin/ddp");
+  if (!command.front().empty() && command.front()[0] == '-' && command.front() != "-")
+    return usage_error("unknown option '" + command.front() + "' before the worker command");
+  if (node_rank < 0 || node_rank >= nnodes)
+    return usage_error("--node-rank " + std::to_string(node_rank) + " is not in [0, " + std::to_string(nnodes) + ") (--nnodes " +
+                       std::to_string(nnodes) + ")");
+  bool addr_given = app.count("--master-addr") > 0, port_given = app.count("--master-port") > 0;
+  if (standalone && nnodes > 1) return usage_error("--standalone runs one node; drop it or --nnodes");
+  if (standalone && (addr_given || port_given))
+    return usage_error("--standalone picks the store's address and port itself; drop --master-addr/--master-port");
+  if (nnodes > 1 && !addr_given)
+    return usage_error("--nnodes " + std::to_string(nnodes) + " needs --master-addr: the host of node 0, reachable from every node");
+
+  if (!addr_given) master_addr = "127.0.0.1";
+  if (!port_given) master_port = nnodes > 1 ? 29500 : free_port();
+  if (master_port == 0) return usage_error("could not find a free TCP port; pass --master-port");
+
+  std::vector<std::string> base = inherited_environment();
+  // As torchrun does: several workers each running as many threads as there are cores would
+  // fight over them.
+  if (nproc_per_node > 1 && !has_variable(base, "OMP_NUM_THREADS")) {
+    base.push_back("OMP_NUM_THREADS=1");
+    std::cerr << "amplab-run: OMP_NUM_THREADS is not set: using 1 CPU thread per worker (set it to choose)\n";
+  }
+
+  amplab::launcher::SupervisorOptions options;
+  options.command = command;
+  options.grace_s = grace_s;
+  const int world_size = nnodes * nproc_per_node;
+  for (int local = 0; local < nproc_per_node; ++local) {
+    amplab::launcher::Worker worker;
+    worker.rank = node_rank * nproc_per_node + local;
+    worker.local_rank = local;
+    worker.env = base;
+    auto set = [&](const std::string& name, const std::string& value) { worker.env.push_back(name + "=" + value); };
+    set("RANK", std::to_string(worker.rank));
+    set("LOCAL_RANK", std::to_string(local));
+    set("WORLD_SIZE", std::to_string(world_size));
+    set("LOCAL_WORLD_SIZE", std::to_string(nproc_per_node));
+    set("GROUP_RANK", std::to_string(node_rank));
+    set("GROUP_WORLD_SIZE", std::to_string(nnodes));
+    set("ROLE_RANK", std::to_string(worker.rank));
+    set("ROLE_WORLD_SIZE", std::to_string(world_size));
+    set("MASTER_ADDR", master_addr);
+    set("MASTER_PORT", std::to_string(master_port));
+    options.workers.push_back(std::move(worker));
+  }
+  std::cerr << "amplab-run: starting ranks " << node_rank * nproc_per_node << "-" << (node_rank + 1) * nproc_per_node - 1
+            << " of " << world_size << ", store " << master_addr << ":" << master_port << "\n";
+  return amplab::launcher::supervise(options);
+}

@@ -1,0 +1,347 @@
+#include "supervisor.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+
+namespace amplab::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signal handlers only write the signal's number here; the poll loop reads it. (The classic
+// self-pipe: poll wakes up at once, and nothing unsafe runs inside a handler.)
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signo) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(signo);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+void set_nonblocking_cloexec(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+// Writes everything (the launcher's stdout may be a slow pipe). Drops the rest when the reader
+// went away: the workers keep running.
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 100);
+      continue;
+    }
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void say(const std::string& line) {
+  std::string text = "amplab-run: " + line + "\n";
+  write_all(STDERR_FILENO, text.data(), text.size());
+}
+
+// One of a worker's output streams: bytes in, prefixed lines out.
+struct Stream {
+  int fd = -1;      // read end of the pipe; -1 once it reached EOF
+  int out_fd = -1;  // where lines go: the launcher's stdout or stderr
+  std::string pending;
+
+  // Emits every complete line ('\n', or '\r' so progress bars keep redrawing in place), each
+  // behind `prefix`; a line longer than 64 KiB is cut rather than buffered without bound.
+  void emit(const std::string& prefix, bool flush_all) {
+    size_t start = 0;
+    for (;;) {
+      size_t end = pending.find_first_of("\r\n", start);
+      if (end == std::string::npos) break;
+      std::string line = prefix + pending.substr(start, end - start + 1);
+      write_all(out_fd, line.data(), line.size());
+      start = end + 1;
+    }
+    pending.erase(0, start);
+    if (!pending.empty() && (flush_all || pending.size() > 65536)) {
+      std::string line = prefix + pending + "\n";
+      write_all(out_fd, line.data(), line.size());
+      pending.clear();
+    }
+  }
+};
+
+struct Running {
+  const Worker* spec = nullptr;
+  pid_t pid = -1;
+  bool alive = false;
+  bool stopped = false;  // the launcher sent it SIGTERM because another worker failed
+  int status = 0;        // waitpid's, once it ended
+  Stream out, err;
+  std::string prefix;  // "[rank N] "
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "was killed by " + signal_name(WTERMSIG(status));
+  return "ended with status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// fork + exec of one worker. Returns an error message when exec failed (the child reports
+// errno through a close-on-exec pipe: it closes unread on success).
+std::optional<std::string> start(Running& w, const std::vector<std::string>& command) {
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0 || pipe2(exec_pipe, O_CLOEXEC) != 0)
+    return std::string("cannot create pipes: ") + std::strerror(errno);
+  std::vector<char*> argv = c_strings(command);
+  std::vector<char*> envp = c_strings(w.spec->env);
+  pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) return std::string("fork failed: ") + std::strerror(errno);
+  if (pid == 0) {
+    // The child: only async-signal-safe calls until exec.
+    setpgid(0, 0);                          // its own process group: the terminal's Ctrl-C goes to the launcher only
+    prctl(PR_SET_PDEATHSIG, SIGKILL);       // dies with the launcher, even if the launcher is SIGKILLed
+    if (getppid() != parent) _exit(127);    // the launcher died before prctl
+    for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGHUP, SIGPIPE}) signal(s, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    close(exec_pipe[0]);
+    execvpe(argv[0], argv.data(), envp.data());
+    int error = errno;
+    [[maybe_unused]] ssize_t n = write(exec_pipe[1], &error, sizeof error);
+    _exit(127);
+  }
+
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(exec_pipe[1]);
+  int child_errno = 0;
+  ssize_t got;
+  do got = read(exec_pipe[0], &child_errno, sizeof child_errno);
+  while (got < 0 && errno == EINTR);
+  close(exec_pipe[0]);
+  w.pid = pid;
+  w.alive = true;
+  w.out.fd = out_pipe[0];
+  w.err.fd = err_pipe[0];
+  set_nonblocking_cloexec(w.out.fd);
+  set_nonblocking_cloexec(w.err.fd);
+  if (got == static_cast<ssize_t>(sizeof child_errno))
+    return "cannot start '" + command[0] + "': " + std::strerror(child_errno);
+  return std::nullopt;
+}
+
+void signal_all(std::vector<Running>& workers, int signo) {
+  for (auto& w : workers)
+    if (w.alive) kill(w.pid, signo);
+}
+
+// Reads what a stream has now; closes it at EOF.
+void pump(Stream& s, const std::string& prefix) {
+  char buffer[65536];
+  for (;;) {
+    ssize_t n = read(s.fd, buffer, sizeof buffer);
+    if (n > 0) {
+      s.pending.append(buffer, static_cast<size_t>(n));
+      s.emit(prefix, false);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    close(s.fd);  // EOF or error
+    s.fd = -1;
+    s.emit(prefix, true);
+    return;
+  }
+}
+
+}  // namespace
+
+std::string signal_name(int signo) {
+  switch (signo) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGQUIT: return "SIGQUIT";
+    default: return "signal " + std::to_string(signo);
+  }
+}
+
+int supervise(const SupervisorOptions& options) {
+  if (pipe(g_signal_pipe) != 0) {
+    say(std::string("cannot create a pipe: ") + std::strerror(errno));
+    return 1;
+  }
+  set_nonblocking_cloexec(g_signal_pipe[0]);
+  set_nonblocking_cloexec(g_signal_pipe[1]);
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher (and with it the workers)
+
+  std::vector<Running> workers(options.workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    Running& w = workers[i];
+    w.spec = &options.workers[i];
+    w.prefix = "[rank " + std::to_string(w.spec->rank) + "] ";
+    w.out.out_fd = STDOUT_FILENO;
+    w.err.out_fd = STDERR_FILENO;
+  }
+
+  std::optional<size_t> failure;         // index of the first worker that failed
+  std::optional<std::string> start_error;
+  int interrupt_signal = 0, interrupts = 0;
+  bool kill_pending = false;    // SIGTERM'd workers get SIGKILL at kill_at
+  Clock::time_point kill_at{};
+
+  auto stop_all = [&] {
+    for (auto& w : workers) w.stopped = w.alive;
+    signal_all(workers, SIGTERM);
+    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
+    kill_pending = true;
+  };
+
+  for (auto& w : workers) {
+    if (auto error = start(w, options.command)) {
+      start_error = error;
+      stop_all();
+      break;
+    }
+  }
+
+  std::optional<Clock::time_point> drain_until;  // after the last exit, stray grandchildren may hold pipes
+  for (;;) {
+    bool any_alive = false, any_open = false;
+    for (auto& w : workers) {
+      any_alive |= w.alive;
+      any_open |= w.out.fd >= 0 || w.err.fd >= 0;
+    }
+    if (!any_alive) {
+      if (!any_open) break;
+      if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(1);
+      if (Clock::now() > *drain_until) break;
+    }
+
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Stream*, const std::string*>> streams;
+    for (auto& w : workers) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.emplace_back(s, &w.prefix);
+      }
+    }
+    poll(fds.data(), fds.size(), 100);
+
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents != 0) pump(*streams[i - 1].first, *streams[i - 1].second);
+
+    unsigned char signo;
+    while (read(g_signal_pipe[0], &signo, 1) == 1) {
+      if (signo != SIGINT && signo != SIGTERM && signo != SIGHUP) continue;  // SIGCHLD: reaped below
+      ++interrupts;
+      if (interrupt_signal == 0) {
+        interrupt_signal = signo;
+        say("got " + signal_name(signo) + ": forwarding it to the workers (twice more to kill them)");
+      }
+      if (interrupts >= 3) signal_all(workers, SIGKILL);
+      else signal_all(workers, signo == SIGHUP ? SIGTERM : signo);
+    }
+
+    for (size_t i = 0; i < workers.size(); ++i) {
+      Running& w = workers[i];
+      if (!w.alive) continue;
+      pid_t done = waitpid(w.pid, &w.status, WNOHANG);
+      if (done != w.pid) continue;
+      w.alive = false;
+      if (failed(w.status) && !failure && !start_error && interrupt_signal == 0) {
+        failure = i;
+        stop_all();
+      }
+    }
+
+    if (kill_pending && Clock::now() >= kill_at) {
+      signal_all(workers, SIGKILL);
+      kill_pending = false;
+    }
+  }
+  for (auto& w : workers) {
+    for (Stream* s : {&w.out, &w.err}) {
+      if (s->fd >= 0) close(s->fd);
+      s->emit(w.prefix, true);
+    }
+  }
+
+  if (start_error) {
+    say(*start_error);
+    return 127;
+  }
+  if (interrupt_signal != 0) {
+    say("stopped after " + signal_name(interrupt_signal));
+    return 128 + interrupt_signal;
+  }
+  if (failure) {
+    const Running& w = workers[*failure];
+    std::string stopped, also_failed;
+    for (const auto& o : workers) {
+      if (&o == &w) continue;
+      bool ended_by_us = o.stopped && WIFSIGNALED(o.status) &&
+                         (WTERMSIG(o.status) == SIGTERM || WTERMSIG(o.status) == SIGKILL);
+      if (ended_by_us) stopped += (stopped.empty() ? "" : ", ") + std::to_string(o.spec->rank);
+      else if (failed(o.status))
+        also_failed += "; rank " + std::to_string(o.spec->rank) + " also failed: it " + describe_status(o.status);
+    }
+    say("rank " + std::to_string(w.spec->rank) + " (local rank " + std::to_string(w.spec->local_rank) + ", pid " +
+        std::to_string(w.pid) + ") " + describe_status(w.status) +
+        (stopped.empty() ? "" : "; stopped the other ranks (" + stopped + ")") + also_failed);
+    return exit_code_of(w.status);
+  }
+  return 0;
+}
+
+}  // namespace amplab::launcher
