@@ -55,14 +55,6 @@ struct MnistConfig {
   }
 };
 
-// Python's model.to(memory_format=torch.channels_last): 4-d parameters (convolution weights) in
-// NHWC order, so that cuDNN need not transpose them on every call.
-void to_channels_last(torch::nn::Module& model) {
-  torch::NoGradGuard no_grad;
-  for (auto& p : model.parameters())
-    if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-}
-
 // A run that stopped early (Ctrl-C, divergence, out of memory): ends the benchmark.
 struct StopRun {
   int exit_code;
@@ -151,7 +143,7 @@ int main(int argc, char** argv) {
       mnist::Net net;
       mnist::place_model(net, device);
       bool channels_last = config.mnist.channels_last && device.is_cuda();
-      if (channels_last) to_channels_last(*net);
+      if (channels_last) amplab::to_channels_last(*net);
       mnist::ResidentSplit train = mnist::make_resident(data.train, device, channels_last);
       mnist::ResidentSplit test = mnist::make_resident(data.test, device, channels_last);
 

@@ -12,21 +12,15 @@
 #include "amplab/data/mnist.hpp"
 #include "amplab/error.hpp"  // AMPLAB_TODO in the starter
 #include "amplab/memory.hpp"
+#include "amplab/models.hpp"
 #include "amplab/precision.hpp"
 #include "amplab/trainer.hpp"
 
 namespace mnist {
 
-// Given: the network of pytorch/examples' mnist/main.py. Input (N, 1, 28, 28), output (N, 10)
-// log-probabilities.
-struct NetImpl : torch::nn::Module {
-  NetImpl();
-  torch::Tensor forward(torch::Tensor x);
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};  // 1 -> 32 -> 64 channels, 3x3
-  torch::nn::Dropout dropout1{nullptr}, dropout2{nullptr};  // p = 0.25 after pooling, 0.5 after fc1
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};      // 9216 -> 128 -> 10
-};
-TORCH_MODULE(Net);
+// Given: the network of pytorch/examples' mnist/main.py (src/amplab/models.hpp). Input
+// (N, 1, 28, 28), output (N, 10) log-probabilities.
+using Net = amplab::MnistNet;
 
 // Given: negative log-likelihood of the batch's labels under the network (the training loss).
 torch::Tensor nll_loss(Net& net, const amplab::Batch& batch);

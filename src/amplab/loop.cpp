@@ -227,9 +227,11 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       if (options.checkpoint.every_steps > 0 && trainer.global_step() % options.checkpoint.every_steps == 0)
         result.last_checkpoint = save(position);
 
-      // Ctrl-C: stop between optimizer steps, never inside an accumulation group.
+      // Ctrl-C: stop between optimizer steps, never inside an accumulation group. Several ranks
+      // agree at log points (one tiny all-reduce), so that all stop after the same step.
       int signal = interrupt_signal();
-      if (options.dist.any(signal != 0)) {
+      bool agree_now = !options.dist.distributed || trainer.global_step() % config.log_every == 0 || next >= batches;
+      if (agree_now && options.dist.any(signal != 0)) {
         progress.finish();
         flush_window();
         if (options.checkpoint.on_interrupt) result.last_checkpoint = save(position);

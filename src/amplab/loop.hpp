@@ -75,6 +75,7 @@ struct FitResult {
 // Cross-process agreement for distributed runs; the defaults are single-process.
 struct DistributedHooks {
   bool is_main = true;                                               // writes files and logs
+  bool distributed = false;                                          // more than one process
   std::function<bool(bool)> any = [](bool local) { return local; };  // true if true on any rank
   std::function<torch::Tensor(const torch::Tensor&)> mean = [](const torch::Tensor& t) { return t; };
 };

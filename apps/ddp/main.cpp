@@ -1,0 +1,218 @@
+// Lab 5, data-parallel training in C++: one process per GPU (or CPU processes for testing),
+// gradients all-reduced in buckets while backward runs. Launch with our launcher or torchrun:
+//   build/bin/amplab-run --nproc-per-node 2 -- build/bin/ddp [--set key=value ...]
+//   torchrun --standalone --nproc-per-node 2 --no-python build/bin/ddp
+// A single process (no launcher) trains alone, which is the baseline.
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "amplab/app.hpp"
+#include "amplab/data/mnist.hpp"
+#include "amplab/device.hpp"
+#include "amplab/dist/trainer_sync.hpp"
+#include "amplab/files.hpp"
+#include "amplab/log.hpp"
+#include "amplab/loop.hpp"
+#include "amplab/models.hpp"
+#include "amplab/plots.hpp"
+#include "amplab/signals.hpp"
+#include "amplab/table.hpp"
+#include "amplab/timing.hpp"
+#include "ddp_lab.hpp"
+
+namespace {
+
+struct DdpBenchConfig {
+  bool enabled = false;                           // time the MLP benchmark instead of training
+  int64_t width = 8192;                           // MLP of DESIGN.md: layers x Linear(width, width)
+  int64_t layers = 4;
+  int64_t batch = 8192;                           // per rank
+  amplab::Precision precision = amplab::Precision::bf16_mixed;
+  int warmup = 5;                                 // untimed steps
+  int steps = 20;                                 // timed steps per setting
+
+  template <class V>
+  void fields(V& v) {
+    v.field("enabled", enabled, "run the MLP step benchmark (local vs DDP overlap on/off) instead of training");
+    v.field("width", width, "MLP width", amplab::Range<int64_t>::at_least(1));
+    v.field("layers", layers, "MLP layers", amplab::Range<int64_t>::at_least(1));
+    v.field("batch", batch, "samples per rank", amplab::Range<int64_t>::at_least(1));
+    v.field("precision", precision, "precision of the benchmark");
+    v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
+    v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
+  }
+};
+
+struct DdpConfig {
+  amplab::RunConfig run;
+  amplab::DataConfig data;
+  amplab::TrainConfig train;
+  amplab::CheckpointConfig checkpoint;
+  amplab::dist::DistConfig dist;
+  DdpBenchConfig bench;
+  template <class V>
+  void fields(V& v) {
+    v.section("run", run);
+    v.section("data", data);
+    v.section("train", train);
+    v.section("checkpoint", checkpoint);
+    v.section("dist", dist);
+    v.section("bench", bench);
+  }
+};
+
+// CRC-32 of every parameter's bytes: equal on all ranks iff the parameters are bit-identical.
+std::string parameter_fingerprint(torch::nn::Module& model) {
+  std::string bytes;
+  for (const auto& p : model.parameters()) {
+    auto cpu = p.detach().to(torch::kCPU).contiguous();
+    bytes.append(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
+  }
+  return amplab::hex32(amplab::crc32_of(bytes));
+}
+
+int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run, const std::string& yaml,
+          const std::string& resume) {
+  const auto& world = setup.world;
+  amplab::MnistData data = amplab::load_mnist(config.data);
+  torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+  amplab::MnistNet net;
+  auto ddp = ddp_lab::wrap_model(net.ptr(), setup, config.dist);
+  auto images = amplab::normalize_images(data.train.images.to(setup.device));
+  auto labels = data.train.labels.to(setup.device);
+  auto test_images = amplab::normalize_images(data.test.images.to(setup.device));
+  auto test_labels = data.test.labels.to(setup.device);
+
+  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); },
+                          config.train, setup.device);
+  amplab::dist::DdpGradientSync sync(*ddp);
+  amplab::dist::attach(trainer, sync, setup.comm);
+  amplab::TensorBatches batches(images, labels,
+                                ddp_lab::make_sampler(images.size(0), config.train.batch_size,
+                                                      static_cast<uint64_t>(config.run.seed), world),
+                                setup.device);
+  amplab::FitOptions options;
+  options.lab = "ddp";
+  options.tag = "mnist";
+  options.config_yaml = yaml;
+  options.data_seed = static_cast<uint64_t>(config.run.seed);
+  options.run_dir = &run;
+  options.checkpoint = config.checkpoint;
+  options.checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, "ddp");
+  options.resume = resume;
+  options.dist = amplab::dist::loop_hooks(setup.comm);
+  options.evaluate = [&](int64_t) {
+    torch::NoGradGuard no_grad;
+    net->eval();
+    auto correct = torch::zeros({}, torch::dtype(torch::kInt64).device(setup.device));
+    for (int64_t start = 0; start < test_images.size(0); start += 1000) {
+      int64_t n = std::min<int64_t>(1000, test_images.size(0) - start);
+      amplab::AutocastGuard autocast(setup.device, config.train.precision);
+      correct += net->forward(test_images.narrow(0, start, n)).argmax(1).eq(test_labels.narrow(0, start, n)).sum();
+    }
+    net->train();
+    return nlohmann::json{{"test_accuracy", correct.item<double>() / static_cast<double>(test_images.size(0))}};
+  };
+  amplab::log::info("training on " + std::to_string(world.world_size) + " rank(s), " + setup.comm->backend() + ", " +
+                    std::to_string(config.train.batch_size) + " samples per rank per step (global batch " +
+                    std::to_string(config.train.batch_size * world.world_size) + ")");
+  amplab::FitResult fit = amplab::fit(trainer, batches, options);
+  if (fit.status != amplab::FitStatus::completed) {
+    if (world.is_main()) std::cerr << fit.message << "\n";
+    return fit.exit_code;
+  }
+
+  // Every rank must hold bit-identical parameters after data-parallel training.
+  std::string mine = parameter_fingerprint(*net);
+  auto all = setup.comm->all_gather_bytes(mine);
+  bool identical = std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == mine; });
+  if (world.is_main()) {
+    std::cout << "parameters identical on all " << world.world_size << " rank(s): " << (identical ? "yes" : "NO")
+              << " (crc32 " << mine << ")\n";
+    nlohmann::json epochs = nlohmann::json::array();
+    for (const auto& e : fit.epochs)
+      epochs.push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"train_loss", e.train_loss},
+                        {"samples_per_second_global", e.samples_per_second * world.world_size}, {"eval", e.eval}});
+    run.write_summary({{"world_size", world.world_size}, {"backend", setup.comm->backend()}, {"epochs", epochs},
+                       {"parameters_identical", identical}, {"fingerprint", mine}});
+  }
+  return identical ? amplab::kExitOk : amplab::kExitFailure;
+}
+
+// Time per step of the MLP: alone (no communication: the ideal), then DDP with the all-reduce
+// overlapped with backward, then without overlap. Scaling efficiency = alone / DDP.
+int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run) {
+  const auto& b = config.bench;
+  const auto& world = setup.world;
+  amplab::Table table({"setting", "ms/step (median)", "IQR", "samples/s (all ranks)", "efficiency"});
+  nlohmann::json rows = nlohmann::json::array();
+  double alone_ms = 0;
+  for (const std::string setting : {"alone", "ddp overlap", "ddp no overlap"}) {
+    torch::manual_seed(0);
+    auto mlp = amplab::make_mlp(b.width, b.layers);
+    auto dist_config = config.dist;
+    dist_config.overlap = setting != "ddp no overlap";
+    std::unique_ptr<amplab::dist::DistributedDataParallel> ddp;
+    if (setting == "alone") mlp->to(setup.device);
+    else ddp = ddp_lab::wrap_model(mlp.ptr(), setup, dist_config);
+    amplab::TrainConfig train;
+    train.precision = b.precision;
+    train.optimizer.fused = true;
+    train.optimizer.lr = 1e-4;
+    amplab::MemoryConfig memory;
+    memory.track = false;
+    amplab::Trainer trainer(mlp.ptr(), [&](const amplab::Batch& batch) { return mlp->forward(batch.input).to(torch::kFloat32).pow(2).mean(); },
+                            train, setup.device, memory);
+    std::unique_ptr<amplab::dist::DdpGradientSync> sync;
+    if (ddp) {
+      sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);
+      amplab::dist::attach(trainer, *sync, setup.comm);
+    }
+    amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
+    auto step = [&] { trainer.step(1, [&](int64_t) { return batch; }); };
+    setup.comm->barrier();
+    auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
+    auto s = amplab::summarize(times);
+    if (setting == "alone") alone_ms = s.median;
+    double efficiency = alone_ms / s.median;
+    double rate = static_cast<double>(b.batch * world.world_size) / (s.median / 1e3);
+    table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(rate, 0),
+                   amplab::fixed(100 * efficiency, 1) + "%"});
+    rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency}});
+  }
+  if (world.is_main()) {
+    std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
+              << amplab::to_string(b.precision) << ", " << world.world_size << " rank(s), " << setup.comm->backend() << "\n"
+              << table.to_string();
+    std::cout << "efficiency = time alone / time with DDP; the gap is the all-reduce time backward could not hide\n";
+    if (run.enabled()) {
+      table.write_csv(run.file("scaling.csv"));
+      run.write_summary({{"bench", rows}, {"world_size", world.world_size}, {"backend", setup.comm->backend()}});
+    }
+  }
+  return amplab::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return amplab::guarded_main([&]() -> int {
+    DdpConfig config, defaults;
+    amplab::CommandLine cli;
+    if (auto code = amplab::parse_command_line(argc, argv, "ddp", "Lab 5: data-parallel training (DDP) in C++",
+                                               amplab::describe_keys(defaults), cli))
+      return *code;
+    amplab::load_lab_config(cli, config);
+    const std::string yaml = amplab::to_yaml(config);
+    ddp_lab::Setup setup = ddp_lab::init_distributed(config.dist, config.run.device);
+    amplab::RunDir run = ddp_lab::make_run_dir(config.run, yaml, setup.world);
+    amplab::apply_run_settings(config.run);
+    amplab::InterruptHandler interrupts;
+    amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
+    int code = config.bench.enabled ? bench(config, setup, run) : train(config, setup, run, yaml, cli.resume);
+    if (config.bench.enabled && run.enabled()) amplab::make_plots("ddp", run);
+    setup.comm->shutdown();
+    return code;
+  });
+}

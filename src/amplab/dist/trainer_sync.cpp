@@ -1,0 +1,27 @@
+#include "amplab/dist/trainer_sync.hpp"
+
+#include <torch/torch.h>
+
+namespace amplab::dist {
+
+void attach(Trainer& trainer, DdpGradientSync& sync, std::shared_ptr<Communicator> comm) {
+  trainer.set_gradient_sync(&sync);
+  if (comm->size() > 1)
+    trainer.scaler().set_found_inf_reducer([comm](torch::Tensor& found_inf) { agree_on_found_inf(*comm, found_inf); });
+}
+
+DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm) {
+  DistributedHooks hooks;
+  hooks.is_main = comm->rank() == 0;
+  hooks.distributed = comm->size() > 1;
+  if (!hooks.distributed) return hooks;
+  hooks.any = [comm](bool local) {
+    auto flag = torch::full({1}, local ? 1.0f : 0.0f, torch::dtype(torch::kFloat32).device(comm->device()));
+    comm->all_reduce_sum({flag})->wait();
+    return flag.item<float>() > 0;
+  };
+  hooks.mean = [comm](const torch::Tensor& t) { return mean_across_ranks(*comm, t); };
+  return hooks;
+}
+
+}  // namespace amplab::dist

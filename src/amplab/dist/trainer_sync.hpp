@@ -1,0 +1,45 @@
+// Plugs data parallelism into the trainer and the loop: the trainer's GradientSync hooks drive
+// DistributedDataParallel (no_sync inside accumulation groups, wait before the optimizer step),
+// the GradScaler agrees on found_inf across ranks, and the loop's metrics and stop decisions are
+// reduced across ranks.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "amplab/dist/communicator.hpp"
+#include "amplab/dist/ddp.hpp"
+#include "amplab/loop.hpp"
+#include "amplab/trainer.hpp"
+
+namespace amplab::dist {
+
+class DdpGradientSync : public GradientSync {
+ public:
+  explicit DdpGradientSync(DistributedDataParallel& ddp) : ddp_(ddp) {}
+  void before_forward() override { ddp_.before_forward(); }
+  void before_backward(bool reduce_after_this) override {
+    if (reduce_after_this) local_.reset();
+    else if (!local_) local_.emplace(ddp_);
+  }
+  void finish() override {
+    local_.reset();
+    ddp_.finish_gradient_sync();
+  }
+  // Gradients are views into the all-reduce buckets: zeroing in place keeps them there.
+  bool zero_grad_in_place() const override { return true; }
+
+ private:
+  DistributedDataParallel& ddp_;
+  std::optional<DistributedDataParallel::NoSync> local_;
+};
+
+// Wires `trainer` to `ddp`: gradient sync hooks and found_inf agreement for the GradScaler
+// (every rank skips or steps together).
+void attach(Trainer& trainer, DdpGradientSync& sync, std::shared_ptr<Communicator> comm);
+
+// Loop hooks: rank 0 writes; losses are averaged across ranks; a stop request (Ctrl-C on any
+// rank) is agreed at log points so that every rank stops after the same step.
+DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm);
+
+}  // namespace amplab::dist
