@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -371,7 +372,9 @@ std::vector<torch::Tensor> gradients(DeepNarrow& net, const amplab::Batch& batch
   net->zero_grad(/*set_to_none=*/true);
   torch::Tensor loss;
   {
-    amplab::AutocastGuard autocast(device.type(), dtype.value_or(torch::kFloat), /*enabled=*/dtype.has_value());
+    // Disabled for the fp32 reference; the dtype left as it is (CUDA autocast knows no float32).
+    amplab::AutocastGuard autocast(device.type(), dtype.value_or(at::autocast::get_autocast_dtype(device.type())),
+                                   /*enabled=*/dtype.has_value());
     loss = torch::nn::functional::cross_entropy(net->forward(batch.input), batch.target) * multiplier;
   }
   (loss * scale).backward();
