@@ -64,20 +64,30 @@ def plot_mnist(run_dir):
 
 
 def plot_amp(run_dir):
-    rows = read_csv(os.path.join(run_dir, "precision.csv"))
+    rows = [r for r in read_csv(os.path.join(run_dir, "precision.csv")) if r.get("ran", "yes") == "yes"]
     if not rows:
         return
-    models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(len(models), 2, figsize=(9, 3 * len(models)), squeeze=False)
+    models = list(dict.fromkeys(r["model"] for r in rows))  # in run order
+    fig, axes = plt.subplots(len(models), 2, figsize=(10, 3.2 * len(models)), squeeze=False)
     for i, model in enumerate(models):
         sub = [r for r in rows if r["model"] == model]
-        names = [r["precision"] for r in sub]
-        axes[i][0].bar(names, [float(r["step_ms_median"]) for r in sub], color="#4c72b0")
+        # fp16-mixed without its scaler is the "scaler cost" reference; label it so
+        names = [r["precision"] + ("\n(no scaler)" if r["precision"] == "fp16-mixed" and r.get("loss_scaling") == "off" else "")
+                 for r in sub]
+        ms = [float(r["step_ms_median"]) for r in sub]
+        bars = axes[i][0].bar(names, ms, color="#4c72b0")
+        for bar, r in zip(bars, sub):
+            speedup = float(r.get("speedup_vs_fp32") or 0)
+            if speedup > 0:
+                axes[i][0].annotate(f"{speedup:.2g}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                    ha="center", va="bottom", fontsize=8)
         axes[i][0].set_ylabel("ms per step (median)")
-        axes[i][0].set_title(f"{model}: time per step")
+        axes[i][0].set_title(f"{model}: time per step (speed-up vs fp32)")
         axes[i][1].bar(names, [float(r["peak_mib"]) for r in sub], color="#dd8452")
         axes[i][1].set_ylabel("peak MiB")
         axes[i][1].set_title(f"{model}: peak memory")
+        for ax in axes[i]:
+            ax.tick_params(axis="x", labelsize=8)
     save(fig, run_dir, "precision.png")
 
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/aminmax.h>
 #include <torch/torch.h>
 
 #include "amplab/error.hpp"
@@ -37,9 +38,40 @@ void GradScaler::check_initialized(const char* what) const {
                 " but the scale is not initialized yet; this may be the first iteration: call scale(loss) first");
 }
 
-// Checks (and, unless inv_scale is 1, divides) every gradient of `optimizer`, recording found_inf
-// per device in its state: PyTorch's _unscale_grads_.
-void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16) {
+namespace {
+
+// Gradients at least this large (elements) are checked by a reduction of their own; smaller ones
+// share one fused launch, cheaper than a reduction per tensor.
+constexpr int64_t kLargeGradient = int64_t{1} << 20;
+
+// Sets found_inf to 1 when an element of `grads` is inf or NaN, as PyTorch's check-and-unscale
+// kernel does with an inverse scale of 1, but without writing the gradients. That kernel stores
+// every element it reads (times 1), doubling the memory traffic of the check: for 1 GiB of fp32
+// gradients, ~0.25 ms more per step on an H200, over 1% of a compute-bound fp16 step. Large
+// gradients get one read-only aminmax each (NaN propagates to both ends, +-inf shows at one).
+void check_non_finite(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& one) {
+  std::vector<torch::Tensor> small, extremes;
+  for (const auto& grad : grads) {
+    if (grad.numel() < kLargeGradient) {
+      small.push_back(grad);
+      continue;
+    }
+    auto [lowest, highest] = at::aminmax(grad);
+    extremes.push_back(lowest);
+    extremes.push_back(highest);
+  }
+  if (!small.empty()) at::_amp_foreach_non_finite_check_and_unscale_(small, found_inf, one);
+  if (!extremes.empty()) found_inf.masked_fill_(torch::stack(extremes).isfinite().all().logical_not(), 1.0);
+}
+
+}  // namespace
+
+// Checks (and, unless check_only, divides by the scale) every gradient of `optimizer`, recording
+// found_inf per device in its state: PyTorch's _unscale_grads_. check_only is PyTorch's call with
+// an inverse scale of 1 (the inf check before a fused optimizer step); it leaves the gradients
+// untouched, as that call does, and writes nothing.
+void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16,
+                                  bool check_only) {
   OptimizerState& state = per_optimizer_[&optimizer];
   torch::Tensor found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(scale_.device()));
   // Gradients grouped by device, then dtype: one fused kernel call per group.
@@ -63,8 +95,12 @@ void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, const torc
     torch::Device device = devices.at(key);
     torch::Tensor device_found_inf = found_inf.device() == device ? found_inf : found_inf.to(device);
     torch::Tensor device_inv_scale = inv_scale.device() == device ? inv_scale : inv_scale.to(device);
-    for (auto& [dtype, grads] : per_dtype)
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, device_inv_scale);
+    for (auto& [dtype, grads] : per_dtype) {
+      if (check_only)
+        check_non_finite(grads, device_found_inf, device_inv_scale);
+      else
+        at::_amp_foreach_non_finite_check_and_unscale_(grads, device_found_inf, device_inv_scale);
+    }
     if (reduce_found_inf_) reduce_found_inf_(device_found_inf);
     state.found_inf_per_device[key] = device_found_inf;
   }
@@ -83,7 +119,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (state.stage == Stage::stepped) throw Error("GradScaler: unscale_() is being called after step()");
   // FP32 division can be imprecise for certain compile options, so the reciprocal is taken in FP64.
   torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
-  record_found_inf(optimizer, inv_scale, /*allow_fp16=*/false);
+  record_found_inf(optimizer, inv_scale, /*allow_fp16=*/false, /*check_only=*/false);
   per_optimizer_[&optimizer].stage = Stage::unscaled;
 }
 
@@ -99,7 +135,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     // PyTorch's path for optimizers that support AMP scaling: check for infs without unscaling
     // (inverse scale 1), then hand the scale and the flag to the optimizer's kernel.
     if (state.stage == Stage::ready)
-      record_found_inf(optimizer, torch::ones({}, torch::dtype(torch::kFloat32).device(scale_.device())), true);
+      record_found_inf(optimizer, torch::ones({}, torch::dtype(torch::kFloat32).device(scale_.device())),
+                       /*allow_fp16=*/true, /*check_only=*/true);
     OptimizerState& checked = per_optimizer_[&optimizer];
     torch::Tensor found_inf;
     for (auto& [device, flag] : checked.found_inf_per_device) {

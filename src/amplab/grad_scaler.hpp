@@ -96,7 +96,8 @@ class GradScaler {
     std::map<std::string, torch::Tensor> found_inf_per_device;  // device string -> float32 0-dim
   };
   void check_initialized(const char* what) const;
-  void record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16);
+  void record_found_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inv_scale, bool allow_fp16,
+                        bool check_only);
 
   bool enabled_;
   double init_scale_, growth_factor_, backoff_factor_;

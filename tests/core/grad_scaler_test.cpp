@@ -350,3 +350,43 @@ TEST(FusedSgd, MatchesPlainSgdUnderTheScalerAndSkipsOnTheDevice) {
 
 }  // namespace
 }  // namespace amplab
+
+namespace amplab {
+namespace {
+
+// Before a fused optimizer step the scaler only checks for inf/NaN (PyTorch's call with an
+// inverse scale of 1); large gradients are checked by a read-only reduction instead of the
+// check-and-unscale kernel. Either way: any inf, -inf or NaN is found, wherever it sits, and
+// the gradients are left exactly as they were.
+TEST(FusedSgd, InfCheckFindsEveryKindOfNonFiniteInLargeAndSmallGradients) {
+  const int64_t large = int64_t{1} << 20;  // elements: checked by the read-only reduction
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    for (bool in_large : {true, false}) {
+      auto big = torch::zeros({large}, torch::requires_grad());
+      auto small = torch::zeros({7}, torch::requires_grad());
+      FusedSGD sgd({big, small}, torch::optim::SGDOptions(0.1));
+      GradScaler scaler;
+      scaler.scale((big.sum() + small.sum()) * 0.5).backward();
+      (in_large ? big : small).grad()[in_large ? large - 3 : 4] = bad;
+      auto big_grad = big.grad().clone(), small_grad = small.grad().clone();
+      scaler.step(sgd);
+      EXPECT_EQ(scaler.found_inf().item<double>(), 1.0) << bad << (in_large ? " in the large gradient" : " in the small one");
+      EXPECT_TRUE(test::tensors_equal(big.grad(), big_grad));
+      EXPECT_TRUE(test::tensors_equal(small.grad(), small_grad));
+      EXPECT_EQ(big.abs().max().item<double>(), 0.0);  // skipped: nothing moved
+      scaler.update();
+      EXPECT_EQ(scaler.get_scale(), 32768.0);
+    }
+  }
+  // All finite: the step is taken, with the gradients unscaled inside the fused kernel.
+  auto big = torch::zeros({large}, torch::requires_grad());
+  FusedSGD sgd({big}, torch::optim::SGDOptions(0.5));
+  GradScaler scaler;
+  scaler.scale(big.sum()).backward();
+  scaler.step(sgd);
+  EXPECT_EQ(scaler.found_inf().item<double>(), 0.0);
+  EXPECT_TRUE(test::tensors_equal(big.detach(), torch::full({large}, -0.5f)));
+}
+
+}  // namespace
+}  // namespace amplab
