@@ -63,34 +63,52 @@ GraphedTrainStep::~GraphedTrainStep() = default;
 
 bool GraphedTrainStep::captured() const { return impl_->graph != nullptr; }
 
+namespace {
+// Adapts a ready batch to the BatchSource interface (the first overload of step()).
+struct OneBatch : BatchSource {
+  const Batch& b;
+  explicit OneBatch(const Batch& batch) : b(batch) {}
+  void set_epoch(int64_t) override {}
+  int64_t batches_per_epoch() const override { return 1; }
+  Batch batch(int64_t) override { return b; }
+  int64_t batch_rows(int64_t) override { return b.size(); }
+};
+}  // namespace
+
 StepResult GraphedTrainStep::step(const Batch& batch) {
+  OneBatch one(batch);
+  return step(one, 0);
+}
+
+StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
   Impl& s = *impl_;
   Trainer& trainer = s.trainer;
-  const c10::DeviceIndex index = trainer.device().index();
-  auto current = c10::cuda::getCurrentCUDAStream(index);
-  auto one_batch = [&](int64_t) { return s.static_batch; };
+  const c10::DeviceIndex device_index = trainer.device().index();
+  auto current = c10::cuda::getCurrentCUDAStream(device_index);
+  auto static_batch = [&](int64_t) { return s.static_batch; };
 
-  if (s.static_batch.input.defined() && batch.input.sizes() != s.static_batch.input.sizes())
-    return trainer.step(1, [&](int64_t) { return batch; });  // another shape: eager
+  if (!s.static_batch.input.defined()) {
+    Batch first = data.batch(index);
+    s.static_batch = {first.input.clone(), first.target.clone()};
+  } else if (data.batch_rows(index) != s.static_batch.size()) {
+    return trainer.step(1, [&](int64_t) { return data.batch(index); });  // another shape (a ragged batch): eager
+  } else {
+    data.batch_into(index, s.static_batch);
+  }
 
   if (!s.graph && s.calls < s.warmup) {
     // Warm-up on a side stream (cuDNN/cuBLAS pick their algorithms, the optimizer creates its state).
-    if (!s.static_batch.input.defined()) s.static_batch = {batch.input.clone(), batch.target.clone()};
-    s.static_batch.input.copy_(batch.input);
-    s.static_batch.target.copy_(batch.target);
     wait_for(s.side_stream, current);
     StepResult r;
     {
       c10::cuda::CUDAStreamGuard guard(s.side_stream);
-      r = copy_of(trainer.step(1, one_batch));
+      r = copy_of(trainer.step(1, static_batch));
     }
     wait_for(current, s.side_stream);
     ++s.calls;
     return r;
   }
 
-  s.static_batch.input.copy_(batch.input);
-  s.static_batch.target.copy_(batch.target);
   if (!s.graph) {
     s.graph = std::make_unique<at::cuda::CUDAGraph>();
     wait_for(s.side_stream, current);
@@ -98,7 +116,7 @@ StepResult GraphedTrainStep::step(const Batch& batch) {
       c10::cuda::CUDAStreamGuard guard(s.side_stream);
       trainer.set_autocast_cache(false);  // cached casts must not outlive the capture's memory
       s.graph->capture_begin();
-      s.static_result = trainer.step(1, one_batch);
+      s.static_result = trainer.step(1, static_batch);
       s.graph->capture_end();
       trainer.set_autocast_cache(true);
     }
@@ -118,6 +136,7 @@ GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int) { throw Error("train.c
 GraphedTrainStep::~GraphedTrainStep() = default;
 bool GraphedTrainStep::captured() const { return false; }
 StepResult GraphedTrainStep::step(const Batch&) { return {}; }
+StepResult GraphedTrainStep::step(BatchSource&, int64_t) { return {}; }
 
 #endif
 

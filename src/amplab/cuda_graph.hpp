@@ -11,6 +11,7 @@
 
 #include <memory>
 
+#include "amplab/loop.hpp"
 #include "amplab/trainer.hpp"
 
 namespace amplab {
@@ -24,6 +25,8 @@ class GraphedTrainStep {
   // one captures; later ones copy `batch` into the static inputs and replay. The returned
   // tensors are copies, safe to keep across steps.
   StepResult step(const Batch& batch);
+  // The same, gathering batch `index` of `data` straight into the static inputs.
+  StepResult step(BatchSource& data, int64_t index);
   bool captured() const;
 
  private:

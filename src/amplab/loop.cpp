@@ -34,14 +34,26 @@ void TensorBatches::set_epoch(int64_t epoch) {
   order_ = sampler_.order().to(inputs_.device());
 }
 
-Batch TensorBatches::batch(int64_t index) {
+torch::Tensor TensorBatches::indices(int64_t index) {
   const int64_t start = index * sampler_.batch_size();
   if (index < 0 || index >= sampler_.batches_per_epoch()) sampler_.batch_indices(index);  // throws the range error
-  torch::Tensor indices = order_.narrow(0, start, std::min(sampler_.batch_size(), order_.size(0) - start));
-  torch::Tensor input = inputs_.index_select(0, indices).to(device_, /*non_blocking=*/true);
-  torch::Tensor target = targets_.index_select(0, indices.to(targets_.device())).to(device_, /*non_blocking=*/true);
+  return order_.narrow(0, start, std::min(sampler_.batch_size(), order_.size(0) - start));
+}
+
+Batch TensorBatches::batch(int64_t index) {
+  torch::Tensor idx = indices(index);
+  torch::Tensor input = inputs_.index_select(0, idx).to(device_, /*non_blocking=*/true);
+  torch::Tensor target = targets_.index_select(0, idx.to(targets_.device())).to(device_, /*non_blocking=*/true);
   if (transform_) input = transform_(input);
   return {input, target};
+}
+
+void TensorBatches::batch_into(int64_t index, Batch& into) {
+  if (transform_ || inputs_.device() != device_ || targets_.device() != device_) return BatchSource::batch_into(index, into);
+  // Gather straight into the destination: one kernel per tensor, no temporary.
+  torch::Tensor idx = indices(index);
+  at::index_select_out(into.input, inputs_, 0, idx);
+  at::index_select_out(into.target, targets_, 0, idx);
 }
 
 std::string checkpoint_dir_for(const CheckpointConfig& checkpoint, const RunConfig& run, const std::string& lab) {
@@ -181,7 +193,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       const int64_t group = std::min(accumulation, batches - next);
       StepResult step;
       try {
-        step = graphed ? graphed->step(data.batch(next))
+        step = graphed ? graphed->step(data, next)
                        : trainer.step(group, [&](int64_t i) { return data.batch(next + i); });
       } catch (const c10::OutOfMemoryError& e) {
         Phase phase = trainer.current_phase();

@@ -25,6 +25,13 @@ class BatchSource {
   virtual void set_epoch(int64_t epoch) = 0;   // reshuffle for this epoch
   virtual int64_t batches_per_epoch() const = 0;
   virtual Batch batch(int64_t index) = 0;      // on the training device
+  virtual int64_t batch_rows(int64_t index) { return batch(index).size(); }
+  // Writes batch `index` into existing tensors of the same shape (what a CUDA graph reads).
+  virtual void batch_into(int64_t index, Batch& into) {
+    Batch b = batch(index);
+    into.input.copy_(b.input);
+    into.target.copy_(b.target);
+  }
 };
 
 // Samples held in tensors (on the CPU or already on the device), batched by an EpochSampler.
@@ -39,12 +46,15 @@ class TensorBatches : public BatchSource {
   void set_epoch(int64_t epoch) override;
   int64_t batches_per_epoch() const override { return sampler_.batches_per_epoch(); }
   Batch batch(int64_t index) override;
+  int64_t batch_rows(int64_t index) override { return indices(index).size(0); }
+  void batch_into(int64_t index, Batch& into) override;
   const EpochSampler& sampler() const { return sampler_; }
 
  private:
   torch::Tensor inputs_, targets_;
   EpochSampler sampler_;
   torch::Tensor order_;  // this rank's epoch order, on the inputs' device
+  torch::Tensor indices(int64_t index);
   torch::Device device_;
   std::function<torch::Tensor(const torch::Tensor&)> transform_;
 };

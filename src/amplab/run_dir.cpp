@@ -5,6 +5,7 @@
 #include <torch/utils.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 
@@ -82,7 +83,10 @@ void RunDir::write_summary(const nlohmann::json& results) const {
 
 void apply_run_settings(const RunConfig& run) {
   torch::manual_seed(static_cast<uint64_t>(run.seed));
+  if (run.cudnn_benchmark && !run.deterministic) at::globalContext().setBenchmarkCuDNN(true);
   if (run.deterministic) {
+    // cuBLAS is only deterministic with a fixed workspace, and reads this before its first use.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);

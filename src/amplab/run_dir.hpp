@@ -20,6 +20,7 @@ struct RunConfig {
   std::string out_dir = "runs";         // run directories go under <out_dir>/<lab>/
   log::Level log_level = log::Level::info;
   bool deterministic = false;           // deterministic kernels (bitwise repeatable, slower on GPU)
+  bool cudnn_benchmark = false;         // let cuDNN time its algorithms for each new shape, keep the fastest
 
   template <class V>
   void fields(V& v) {
@@ -28,6 +29,7 @@ struct RunConfig {
     v.field("out_dir", out_dir, "run directories are created under <out_dir>/<lab>/");
     v.field("log_level", log_level, "console log level");
     v.field("deterministic", deterministic, "use deterministic kernels (repeatable to the bit, slower)");
+    v.field("cudnn_benchmark", cudnn_benchmark, "cuDNN tries its algorithms per shape and keeps the fastest (not with deterministic)");
   }
 };
 
