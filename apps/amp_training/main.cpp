@@ -258,10 +258,15 @@ Workload make_workload(const std::string& name, const AmpLabConfig& lab, torch::
     WideMlp net(width, lab.mlp.layers);
     w.model = net.ptr();
     w.batch = {torch::randn({batch, width}, options), torch::randn({batch, width}, options)};  // (B, width) in, target
-    // Squared error summed over features, averaged over samples: dL/dy = 2(y - t)/B stays in
-    // fp16's normal range (a mean over all B*width elements would be 8192x smaller).
-    w.loss_fn = [net, batch](const amplab::Batch& b) mutable {
-      return torch::mse_loss(net->forward(b.input), b.target, at::Reduction::Sum) / static_cast<double>(batch);
+    // The benchmark times the step, so its loss is the cheapest that trains every layer: the sum
+    // of the outputs over the batch size, read once and accumulated in fp32 with autocast off
+    // (under autocast a reduction first writes an fp32 copy of the whole (B, width) output, and a
+    // squared error against a target reads another 256 MiB). dL/dy = 1/B stays in fp16's normal
+    // range. The Python reference (bench/mlp_step_parts.py) times the same loss.
+    w.loss_fn = [net, batch, device](const amplab::Batch& b) mutable {
+      torch::Tensor out = net->forward(b.input);
+      amplab::AutocastGuard off(device.type(), at::autocast::get_autocast_dtype(device.type()), /*enabled=*/false);
+      return out.sum(torch::kFloat32) / static_cast<double>(batch);
     };
     w.flops_per_step = mlp_step_flops(batch, width, lab.mlp.layers);
     w.shape = std::to_string(lab.mlp.layers) + " x Linear(" + std::to_string(width) + ", " + std::to_string(width) +

@@ -162,8 +162,14 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     train.optimizer.lr = 1e-4;
     amplab::MemoryConfig memory;
     memory.track = false;
-    amplab::Trainer trainer(mlp.ptr(), [&](const amplab::Batch& batch) { return mlp->forward(batch.input).to(torch::kFloat32).pow(2).mean(); },
-                            train, setup.device, memory);
+    // The sum of the outputs over the batch, accumulated in fp32 outside autocast: the cheapest
+    // loss that trains every layer (bench/ddp_reference.py times the same one in Python).
+    auto loss_fn = [&](const amplab::Batch& batch) {
+      torch::Tensor out = mlp->forward(batch.input);
+      amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
+      return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
+    };
+    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, memory);
     std::unique_ptr<amplab::dist::DdpGradientSync> sync;
     if (ddp) {
       sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);

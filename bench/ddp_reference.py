@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""PyTorch's own DDP on DESIGN.md's MLP (layers x Linear(width, width) + ReLU, bf16 autocast,
+fused SGD, per-GPU batch), the Python side of the DDP lab's benchmark. Launch with torchrun:
+    torchrun --standalone --nproc-per-node 2 bench/ddp_reference.py [--steps 20]
+Prints the median ms per step (CUDA events over each step) on rank 0. With one process it runs
+without DDP (the baseline)."""
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--width", type=int, default=8192)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    if world > 1:
+        dist.init_process_group("nccl", device_id=dev)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(dev)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], gradient_as_bucket_view=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randn(args.batch, args.width, device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+        (out.sum(dtype=torch.float32) / args.batch).backward()  # the loss the C++ benchmark uses
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    if rank == 0:
+        ms = statistics.median(times)
+        flops = 6 * args.batch * args.width * args.width * args.layers
+        print(f"python {'ddp' if world > 1 else 'alone'} world={world}: {ms:.2f} ms/step, "
+              f"{flops / ms / 1e9:.0f} TFLOP/s per GPU, {args.batch * world / ms * 1e3:.0f} samples/s")
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
