@@ -48,6 +48,12 @@ class Communicator {
   // Sums each tensor in place across ranks, asynchronously: call wait() on the result before
   // reading the tensors, and do not write to them before that.
   virtual std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) = 0;
+  // The same, divided by the world size. By default each tensor is divided before the sum (one
+  // pass over the data); NCCL averages inside the reduction instead (ncclAvg), saving that pass.
+  virtual std::shared_ptr<Work> all_reduce_mean(std::vector<torch::Tensor> tensors) {
+    for (auto& t : tensors) t.div_(size());
+    return all_reduce_sum(std::move(tensors));
+  }
   // Copies rank `root`'s tensors into every rank's tensors (in place); returns when done.
   virtual void broadcast(std::vector<torch::Tensor> tensors, int root) = 0;
   // Every rank's bytes, indexed by rank. For small metadata (parameter names and shapes), not

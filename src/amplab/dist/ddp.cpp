@@ -231,9 +231,9 @@ void DistributedDataParallel::launch(size_t index, bool during_backward) {
   bucket.launched = true;
   (during_backward ? stats_.buckets_during_backward : stats_.buckets_at_finish)++;
   if (comm_->size() == 1) return;
-  // Average = sum of (gradient / W): dividing first, as PyTorch does, keeps fp16 sums in range.
-  bucket.flat.div_(comm_->size());
-  bucket.work = comm_->all_reduce_sum({bucket.flat});
+  // The average over ranks: NCCL averages inside the reduction; the cpu backend divides first,
+  // as PyTorch does, which also keeps fp16 sums in range.
+  bucket.work = comm_->all_reduce_mean({bucket.flat});
 }
 
 void DistributedDataParallel::finish_gradient_sync() {

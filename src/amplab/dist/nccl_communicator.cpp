@@ -97,14 +97,24 @@ class NcclCommunicator final : public Communicator {
   torch::Device device() const override { return device_; }
 
   std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
-    check_device(tensors, "all_reduce_sum");
-    std::string what = "nccl all-reduce #" + std::to_string(++issued_);
+    return all_reduce(std::move(tensors), c10d::ReduceOp::SUM, "all-reduce");
+  }
+
+  std::shared_ptr<Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
+    for (const auto& t : tensors)
+      if (!t.is_floating_point()) return Communicator::all_reduce_mean(std::move(tensors));
+    return all_reduce(std::move(tensors), c10d::ReduceOp::AVG, "all-reduce (mean)");
+  }
+
+  std::shared_ptr<Work> all_reduce(std::vector<torch::Tensor> tensors, c10d::ReduceOp::RedOpType op, const char* name) {
+    check_device(tensors, name);
+    std::string what = std::string("nccl ") + name + " #" + std::to_string(++issued_);
     try {
       c10d::AllreduceOptions options;
-      options.reduceOp = c10d::ReduceOp::SUM;
+      options.reduceOp = op;
       if (tensors.size() == 1) return std::make_shared<NcclWork>(group_->allreduce(tensors, options), what);
       c10d::AllreduceCoalescedOptions coalesced;
-      coalesced.reduceOp = c10d::ReduceOp::SUM;
+      coalesced.reduceOp = op;
       return std::make_shared<NcclWork>(group_->allreduce_coalesced(tensors, coalesced), what);
     } catch (const c10::Error& e) {
       throw Error(what + ": " + first_line(e));
