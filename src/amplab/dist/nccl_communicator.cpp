@@ -47,6 +47,18 @@ class NcclWork final : public Work {
   std::string what_;
 };
 
+// Several collectives in flight as one: wait() waits for each.
+class WorkGroup final : public Work {
+ public:
+  explicit WorkGroup(std::vector<std::shared_ptr<Work>> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (auto& w : works_) w->wait();
+  }
+
+ private:
+  std::vector<std::shared_ptr<Work>> works_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const WorldInfo& world, const DistConfig& config)
@@ -108,6 +120,14 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_reduce(std::vector<torch::Tensor> tensors, c10d::ReduceOp::RedOpType op, const char* name) {
     check_device(tensors, name);
+    // A coalesced NCCL call takes one dtype: tensors of several dtypes go as one call per dtype.
+    std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+    for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+    if (by_dtype.size() > 1) {
+      std::vector<std::shared_ptr<Work>> works;
+      for (auto& [dtype, group] : by_dtype) works.push_back(all_reduce(group, op, name));
+      return std::make_shared<WorkGroup>(std::move(works));
+    }
     std::string what = std::string("nccl ") + name + " #" + std::to_string(++issued_);
     try {
       c10d::AllreduceOptions options;
