@@ -303,6 +303,19 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     if (config.max_steps > 0 && trainer.global_step() >= config.max_steps) break;
   }
   result.position = position;
+
+  // Memory: a summary at the end, and the per-phase timeline for scripts/plot.py memory.
+  const MemoryTracker& memory = trainer.memory();
+  if (main && memory.enabled()) {
+    log::info(tag_prefix + "memory per phase (" + (memory_is_rss(trainer.device()) ? "process RSS" : "CUDA allocator") +
+              "):\n" + memory.summary_table());
+    if (options.run_dir && options.run_dir->enabled() && !memory.timeline().empty()) {
+      std::string name = options.tag.empty() ? "memory_timeline.csv" : "memory_timeline-" + options.tag + ".csv";
+      for (char& c : name)
+        if (c == ' ' || c == '(' || c == ')') c = '_';
+      memory.write_timeline_csv(options.run_dir->file(name));
+    }
+  }
   return result;
 }
 
