@@ -76,8 +76,9 @@ template <class T>
 std::string Range<T>::describe() const {
   const bool is_int = std::is_integral_v<T>;
   const std::string kind = is_int ? "an integer" : "a number";
-  const bool has_min = min != std::numeric_limits<T>::lowest();
-  const bool has_max = max != std::numeric_limits<T>::max();
+  // The limits of the field's type (an int's as well as an int64's) are no limits to mention.
+  const bool has_min = min != std::numeric_limits<T>::lowest() && !(is_int && min == std::numeric_limits<int>::min());
+  const bool has_max = max != std::numeric_limits<T>::max() && !(is_int && max == std::numeric_limits<int>::max());
   auto show = [](T v) {
     if constexpr (std::is_integral_v<T>) return std::to_string(v);
     else return format_double(v);
