@@ -422,19 +422,28 @@ FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
         static_cast<int64_t>(static_cast<double>(result.search.largest_fit) * c.brute_force_from), m);
     int64_t last_fit = 0;
     int scanned = 0;
+    bool hit_oom = false;
+    // Up to twice the finder's first OOM at most: a scan that gets there without failing has
+    // shown the finder wrong already.
+    const int64_t scan_max = std::min(search_config.max_batch,
+                                      2 * std::max(result.search.smallest_oom, result.search.largest_fit));
     amplab::log::info("brute force: " + name + " from batch " + std::to_string(batch) + " in steps of " + std::to_string(m));
-    for (; batch <= search_config.max_batch; batch += m) {
+    for (; batch <= scan_max; batch += m) {
       amplab::BatchTrial t = mo::try_batch(step, *lab.model, lab.device, batch, search_config, fits);
       snapshot.restore();
       ++scanned;
       csv.add_row({name, "brute_force", std::to_string(t.batch), t.fits ? "yes" : "no", t.ran ? "no" : "yes",
                    amplab::fixed(t.step_ms, 3), amplab::fixed(t.samples_per_second, 1),
                    amplab::fixed(t.peak_allocated_mib, 1), amplab::fixed(t.peak_reserved_mib, 1), t.error});
-      if (!t.fits) break;
+      if (!t.fits) {
+        hit_oom = true;
+        break;
+      }
       last_fit = batch;
     }
     result.brute_force_limit = last_fit;
     result.brute_force_note = std::to_string(scanned) + " batches scanned in steps of " + std::to_string(m);
+    if (!hit_oom) result.brute_force_note += "; stopped at " + std::to_string(scan_max) + " without an OOM";
     if (last_fit == 0) result.brute_force_note += "; the scan's first batch did not fit (memory not monotonic in batch?)";
   }
   lab.model->zero_grad(/*set_to_none=*/true);
