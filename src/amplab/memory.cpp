@@ -9,6 +9,7 @@
 
 #ifdef AMPLAB_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>  // cudaMemGetInfo: the total a memory cap is a fraction of
 #include <nvtx3/nvToolsExt.h>
 #endif
 
@@ -114,6 +115,13 @@ void MemoryTracker::close_phase() {
   if (config_.timeline) timeline_.push_back({step_, current_, now_seconds() - start_seconds_, reading});
 }
 
+void MemoryTracker::sample() {
+  if (!config_.track || !config_.timeline || !phase_open_) return;
+  PhaseSample s{step_, current_, now_seconds() - start_seconds_, read_memory(device_)};
+  s.phase_end = false;
+  timeline_.push_back(s);
+}
+
 void MemoryTracker::end_step(int64_t step) {
   if (!config_.track) return;
   close_phase();
@@ -152,12 +160,14 @@ std::string MemoryTracker::leak_report() const {
 void MemoryTracker::write_timeline_csv(const std::string& path) const {
   std::ofstream out(path);
   if (!out) throw Error("cannot write '" + path + "'");
-  out << "step,phase,seconds,allocated_mib,reserved_mib,peak_allocated_mib,peak_reserved_mib,alloc_retries,ooms,source\n";
+  out << "step,phase,seconds,allocated_mib,reserved_mib,peak_allocated_mib,peak_reserved_mib,alloc_retries,ooms,source,"
+         "event\n";
   const char* source = memory_is_rss(device_) ? "cpu_rss" : "cuda_allocator";
   for (const auto& s : timeline_) {
     out << s.step << "," << to_string(s.phase) << "," << s.seconds << "," << mib(s.reading.allocated) << ","
         << mib(s.reading.reserved) << "," << mib(s.reading.peak_allocated) << "," << mib(s.reading.peak_reserved) << ","
-        << s.reading.alloc_retries << "," << s.reading.ooms << "," << source << "\n";
+        << s.reading.alloc_retries << "," << s.reading.ooms << "," << source << ","
+        << (s.phase_end ? "phase_end" : "sample") << "\n";
   }
 }
 
@@ -189,6 +199,62 @@ std::string explain_oom(const std::string& torch_message, torch::Device device, 
       << " MiB reserved by the caching allocator; try: a smaller train.batch_size with train.accumulation_steps "
          "to keep the effective batch, train.precision=bf16-mixed or fp16-mixed, or activation checkpointing";
   return out.str();
+}
+
+bool is_out_of_memory(const std::exception& error) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&error)) return true;
+  // cuBLAS and cuDNN report a failed workspace allocation through their own status codes.
+  std::string what = error.what();
+  return what.find("CUDA out of memory") != std::string::npos || what.find("ALLOC_FAILED") != std::string::npos;
+}
+
+std::string oom_summary(const std::exception& error) {
+  std::string what = error.what();
+  auto end = what.find_first_of("\n");
+  std::string line = what.substr(0, end);
+  // The allocator's message: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ..."
+  auto tried = line.find(". GPU");
+  return tried == std::string::npos ? line : line.substr(0, tried);
+}
+
+void free_cached_memory(torch::Device device) {
+#ifdef AMPLAB_WITH_CUDA
+  if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+#endif
+}
+
+int64_t device_total_memory(torch::Device device) {
+#ifdef AMPLAB_WITH_CUDA
+  if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device.has_index() ? device.index() : 0);
+    size_t free = 0, total = 0;
+    cudaError_t status = cudaMemGetInfo(&free, &total);
+    cudaSetDevice(previous);
+    if (status != cudaSuccess) throw Error(std::string("cudaMemGetInfo failed: ") + cudaGetErrorString(status));
+    return static_cast<int64_t>(total);
+  }
+#endif
+  return 0;
+}
+
+void limit_device_memory(torch::Device device, int64_t bytes) {
+  if (!device.is_cuda())
+    throw Error("a device memory cap needs a GPU (" + device.str() +
+                " has none to cap); on the CPU the lab simulates a limit instead");
+#ifdef AMPLAB_WITH_CUDA
+  const int64_t total = device_total_memory(device);
+  if (bytes > total)
+    throw Error("memory cap of " + fixed(mib(bytes), 0) + " MiB exceeds " + device.str() + "'s " + fixed(mib(total), 0) +
+                " MiB; choose a smaller cap (or 0 for none)");
+  double fraction = bytes <= 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(total);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.has_index() ? device.index() : 0);
+#endif
 }
 
 }  // namespace amplab

@@ -48,12 +48,13 @@ MemoryReading read_memory(torch::Device device);
 void reset_peak_memory(torch::Device device);  // GPU: allocator peaks; CPU: the RSS high-water mark
 bool memory_is_rss(torch::Device device);      // true on the CPU
 
-// One row of the timeline: the state at the end of a phase.
+// One row of the timeline: the state at the end of a phase, or inside it (MemoryTracker::sample).
 struct PhaseSample {
   int64_t step = 0;
   Phase phase = Phase::other;
   double seconds = 0;  // since the tracker started (host clock)
   MemoryReading reading;
+  bool phase_end = true;  // false: a sample taken inside the phase
 };
 
 class MemoryTracker {
@@ -66,6 +67,9 @@ class MemoryTracker {
   void begin(Phase phase);
   // Closes the open phase and records step-end memory (used for leak detection).
   void end_step(int64_t step);
+  // Adds a timeline sample inside the open phase without closing it (e.g. after each layer), so
+  // that the timeline shows memory rise through the forward pass and fall through backward.
+  void sample();
 
   // The largest peak seen in each phase, in bytes.
   int64_t phase_peak(Phase phase) const { return phase_peak_[static_cast<int>(phase)]; }
@@ -97,5 +101,23 @@ class MemoryTracker {
 
 // For an out-of-memory error: what was asked for, what is in use, and what to try.
 std::string explain_oom(const std::string& torch_message, torch::Device device, Phase phase);
+
+// True for an out-of-memory error: c10::OutOfMemoryError (the caching allocator), or a cuBLAS or
+// cuDNN workspace allocation that failed (reported as a plain c10::Error).
+bool is_out_of_memory(const std::exception& error);
+// The first line of an out-of-memory message (torch's run on over several lines of advice).
+std::string oom_summary(const std::exception& error);
+
+// Returns the caching allocator's cached, unused blocks to the driver (after an out-of-memory
+// error, before measuring reserved memory afresh). A no-op on the CPU.
+void free_cached_memory(torch::Device device);
+
+// Caps what the CUDA caching allocator may reserve on `device` at `bytes` (0: lifts the cap), via
+// setMemoryFraction: allocations beyond it raise c10::OutOfMemoryError as a full GPU would. Lets a
+// large GPU behave like a small one (a 4 GiB cap on a 140 GB H200). Throws amplab::Error on the
+// CPU or when `bytes` exceeds the device's memory.
+void limit_device_memory(torch::Device device, int64_t bytes);
+// Total memory of a GPU in bytes (0 on the CPU).
+int64_t device_total_memory(torch::Device device);
 
 }  // namespace amplab

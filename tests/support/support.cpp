@@ -2,7 +2,12 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <ftw.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +16,69 @@
 #include <sstream>
 
 namespace amplab::test {
+
+namespace {
+
+// A CPU allocator that counts: each block carries its size in a 64-byte header in front of the
+// data (which stays 64-byte aligned), so the deleter knows what it frees. It keeps the data
+// pointer as the context, as torch's raw_allocate() requires. Never destroyed: tensors it
+// allocated may be freed after the counter object is gone.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  static constexpr size_t kHeader = 64;  // bytes; c10's alignment
+  std::atomic<int64_t> current{0}, peak{0};
+  c10::Allocator* previous = nullptr;    // put back by ~CpuAllocationCounter
+
+  c10::DataPtr allocate(size_t bytes) override {
+    auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+    *reinterpret_cast<size_t*>(base) = bytes;
+    const auto n = static_cast<int64_t>(bytes);
+    int64_t now = instance().current.fetch_add(n) + n;
+    int64_t seen = instance().peak.load();
+    while (now > seen && !instance().peak.compare_exchange_weak(seen, now)) {
+    }
+    void* data = base + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  static CountingAllocator& instance() {
+    static auto* allocator = new CountingAllocator();
+    return *allocator;
+  }
+
+ private:
+  static void release(void* data) {
+    if (data == nullptr) return;
+    char* base = static_cast<char*>(data) - kHeader;
+    instance().current.fetch_sub(static_cast<int64_t>(*reinterpret_cast<size_t*>(base)));
+    c10::free_cpu(base);
+  }
+};
+
+CountingAllocator& counting_allocator() { return CountingAllocator::instance(); }
+
+// Above the default allocator's priority (0), so that SetCPUAllocator takes it and, on the way
+// back, takes the original again.
+constexpr uint8_t kCounterPriority = 100;
+
+}  // namespace
+
+CpuAllocationCounter::CpuAllocationCounter() {
+  auto& counter = counting_allocator();
+  if (c10::GetCPUAllocator() == &counter) throw std::runtime_error("CpuAllocationCounter: one is already installed");
+  counter.previous = c10::GetCPUAllocator();
+  counter.current = 0;
+  counter.peak = 0;
+  c10::SetCPUAllocator(&counter, kCounterPriority);
+}
+
+CpuAllocationCounter::~CpuAllocationCounter() { c10::SetCPUAllocator(counting_allocator().previous, kCounterPriority); }
+
+int64_t CpuAllocationCounter::current() const { return counting_allocator().current.load(); }
+int64_t CpuAllocationCounter::peak() const { return counting_allocator().peak.load(); }
+void CpuAllocationCounter::reset_peak() { counting_allocator().peak = counting_allocator().current.load(); }
 
 TempDir::TempDir() {
   std::random_device rd;

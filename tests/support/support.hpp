@@ -37,6 +37,20 @@ class TempDir {
 // Runs `fn` and checks that it throws std::exception whose message contains every one of `parts`.
 ::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts);
 
+// Exact bytes of CPU tensors, unlike RSS: while one of these lives, torch's CPU allocator is
+// wrapped by a counter of the bytes allocated through it (current and peak). Tensors allocated
+// before it existed are not counted; their frees are not either. One at a time.
+class CpuAllocationCounter {
+ public:
+  CpuAllocationCounter();   // installs the counter (and zeroes it)
+  ~CpuAllocationCounter();  // puts torch's allocator back
+  CpuAllocationCounter(const CpuAllocationCounter&) = delete;
+  CpuAllocationCounter& operator=(const CpuAllocationCounter&) = delete;
+  int64_t current() const;  // bytes allocated and not yet freed
+  int64_t peak() const;     // the most bytes at once since construction or reset_peak()
+  void reset_peak();        // peak = current
+};
+
 // The project root and the build directory (set by CMake in the test environment).
 std::string source_dir();
 std::string binary_dir();
