@@ -64,8 +64,8 @@ def main() -> int:
         print(f"solution: FAILS ({why}) in {args.repeat} runs: {', '.join(failing) or 'see the output'}")
         print(rubric.tail(output, 4000))
     skipped = sorted(n for n, r in (parsed or {}).items() if r[0] == "skipped")
-    print(f"solution: {len(listed) - len(skipped)} graded tests passed {args.repeat} runs in a row "
-          f"({seconds:.0f} s)" if ok else "")
+    if ok:
+        print(f"solution: {len(listed) - len(skipped)} graded tests passed {args.repeat} runs in a row ({seconds:.0f} s)")
     for name in skipped:
         print(f"  skipped here, not checked: {name} ({parsed[name][1]})")
 
