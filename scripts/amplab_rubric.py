@@ -206,7 +206,7 @@ def todo_ids(code_dir):
             match = TODO_MARK.match(line)
             if match and match.group(1) not in ids:
                 ids.append(match.group(1))
-    return ids
+    return sorted(ids, key=lambda todo: int(todo.rsplit("-", 1)[1]))
 
 
 def lab_code_dir(root, lab):
