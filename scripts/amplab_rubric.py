@@ -283,7 +283,7 @@ def first_line(failure_text):
     where = where if where != "unknown file" else ""
     if re.match(r".*:\d+$", where):
         where = os.path.basename(where.rsplit(":", 1)[0]) + ":" + where.rsplit(":", 1)[1]
-    text = " ".join(l.strip() for l in rest[:3]) if rest else ""
+    text = " ".join(l.strip() for l in rest[:6]) if rest else ""  # EXPECT_EQ: both sides and values
     return (where + ": " if where else "") + text
 
 

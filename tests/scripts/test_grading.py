@@ -81,6 +81,9 @@ class GtestReports(unittest.TestCase):
         self.assertEqual(rubric.first_line("/src/tests/labs/mnist_test.cpp:59\nExpected equality of these values:\n"
                                            "  calls\n    Which is: 3\n"),
                          "mnist_test.cpp:59: Expected equality of these values: calls Which is: 3")
+        self.assertIn("Which is: 24 48", rubric.first_line(
+            "/t/gpu_basics_test.cpp:150\nExpected equality of these values:\n  gpu_basics::matmul_flops(2, 3, 4)\n"
+            "    Which is: 24\n  48\n"))
 
     def test_parse_report_with_skip_reason(self):
         report = {"testsuites": [{"name": "S", "testsuite": [
