@@ -3,7 +3,8 @@
 #   1. the Debian packages the build needs (compiler, CMake, Ninja, yaml-cpp, spdlog, CLI11,
 #      GoogleTest/GoogleMock, zlib, nlohmann-json, Fashion-MNIST), installed only if missing;
 #   2. .venv/ with torch==2.11.0 (its LibTorch is what amplab links; the same version as the
-#      GPU machines), numpy and matplotlib (plots), installed only if missing;
+#      GPU machines), numpy and matplotlib (plots) and pyyaml (rubrics, scripts/grade), installed
+#      only if missing;
 #   3. configures and builds build/ (incremental after the first time).
 # Usage: scripts/setup.sh [--no-build]
 set -euo pipefail
@@ -43,13 +44,13 @@ if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 torch_version=2.11.0
-if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, numpy, matplotlib, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
-  say ".venv: torch $torch_version, numpy, matplotlib present"
+if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, numpy, matplotlib, yaml, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  say ".venv: torch $torch_version, numpy, matplotlib, pyyaml present"
 else
-  say "creating .venv with torch==$torch_version, numpy, matplotlib (a few GB, a few minutes)"
+  say "creating .venv with torch==$torch_version, numpy, matplotlib, pyyaml (a few GB, a few minutes)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q "torch==$torch_version" numpy matplotlib
+  .venv/bin/python -m pip install -q "torch==$torch_version" numpy matplotlib pyyaml
 fi
 
 if [ "${1:-}" = "--no-build" ]; then exit 0; fi

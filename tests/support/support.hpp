@@ -55,6 +55,10 @@ class CpuAllocationCounter {
 std::string source_dir();
 std::string binary_dir();
 
+// The lab binary built from the same variant as this graded test binary ("mnist", "ddp-starter"):
+// defined per binary by tests/labs/CMakeLists.txt, which makes AMPLAB_LAB_BINARY call it.
+const char* lab_binary();
+
 }  // namespace amplab::test
 
 // Skips the current test when no CUDA device is visible (CI); runs it on the GPU machine.

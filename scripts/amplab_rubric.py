@@ -1,0 +1,385 @@
+"""Rubrics and GoogleTest runs, shared by scripts/grade, scripts/check-rubric.py and
+scripts/check-rubric-holes.py.
+
+A rubric (labs/<lab>/rubric.yaml, or any *.yaml in a directory of extra tests) maps each graded
+test to the TODO whose points it carries:
+
+    lab: mnist
+    defaults:                   # optional: applies to every test that does not say otherwise
+      time_limit_s: 60
+    tests:
+      - test: Mnist1_Placement.ModesRunWhereTheySay   # as `<binary> --gtest_list_tests` names it
+        todo: mnist-1           # the TODO these points belong to
+        points: 2
+      - test: MnistLearns.FashionMnistSubsetAboveSeventyPercent
+        todo: mnist-3
+        also_needs: [mnist-1, mnist-2]   # other TODOs it runs through: it fails when any is empty
+        points: 6
+        time_limit_s: 300
+      - test: Mnist1_Placement.ModelAndBatchOnTheGpu_CUDA
+        todo: mnist-1
+        points: 2
+        gpus: 1                 # needs a GPU: reported as "needs GPU", never scored, where there is none
+
+Keys of a test (and of `defaults`, except test/todo/also_needs): see FIELDS below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# Gradescope's visibilities (results.json): shown at once, never, after the due date, after grades are published.
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+# key -> (meaning, type check, default); "required" where there is no default.
+FIELDS = {
+    "test": "the GoogleTest name, Suite.Test (with the Prefix/ and /suffix of parameterized tests)",
+    "todo": "the TODO id whose points these are, <lab>-<n>",
+    "also_needs": "other TODO ids the test runs through (it fails when any of them is empty)",
+    "points": "points for passing (a number >= 0)",
+    "time_limit_s": "seconds before the test's process is killed (default 60)",
+    "gpus": "GPUs the test needs (default 0); without them it is reported 'needs GPU' and not scored",
+    "visibility": "Gradescope visibility: " + ", ".join(VISIBILITIES) + " (default visible)",
+    "env": "environment variables for the test's process, e.g. {CUDA_VISIBLE_DEVICES: ''}",
+    "tags": "Gradescope tags (the lab and the TODO are always added)",
+    "description": "a line for people (shown in the report)",
+}
+DEFAULTS = {"time_limit_s": 60, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": ""}
+TODO_MARK = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class RubricError(Exception):
+    pass
+
+
+def ensure_yaml():
+    """PyYAML, from this interpreter or else from the project's .venv (re-running the script there)."""
+    try:
+        import yaml  # noqa: F401
+        return yaml
+    except ImportError:
+        venv_python = ROOT / ".venv" / "bin" / "python"
+        if venv_python.exists() and pathlib.Path(sys.executable).resolve() != venv_python.resolve() \
+                and not os.environ.get("AMPLAB_NO_REEXEC"):
+            os.environ["AMPLAB_NO_REEXEC"] = "1"
+            os.execv(str(venv_python), [str(venv_python)] + sys.argv)
+        sys.exit("error: PyYAML is missing: run scripts/setup.sh (it installs pyyaml into .venv), "
+                 "or pip install pyyaml")
+
+
+@dataclasses.dataclass
+class RubricTest:
+    lab: str
+    test: str
+    todo: str
+    points: float
+    also_needs: list = dataclasses.field(default_factory=list)
+    time_limit_s: float = 60
+    gpus: int = 0
+    visibility: str = "visible"
+    env: dict = dataclasses.field(default_factory=dict)
+    tags: list = dataclasses.field(default_factory=list)
+    description: str = ""
+    source: str = ""  # the rubric file
+
+    @property
+    def todos(self):
+        """Every TODO whose emptiness fails this test: its own first."""
+        return [self.todo] + [t for t in self.also_needs if t != self.todo]
+
+
+def _check_value(where, key, value):
+    if key in ("test", "todo", "description"):
+        if not isinstance(value, str) or (key != "description" and not value):
+            raise RubricError(f"{where}: '{key}' must be a non-empty string, not {value!r}")
+    elif key == "points":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise RubricError(f"{where}: 'points' must be a number >= 0, not {value!r}")
+    elif key == "time_limit_s":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise RubricError(f"{where}: 'time_limit_s' must be a number of seconds > 0, not {value!r}")
+    elif key == "gpus":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RubricError(f"{where}: 'gpus' must be a whole number >= 0, not {value!r}")
+    elif key == "visibility":
+        if value not in VISIBILITIES:
+            raise RubricError(f"{where}: visibility '{value}' is not one of {', '.join(VISIBILITIES)}")
+    elif key in ("also_needs", "tags"):
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise RubricError(f"{where}: '{key}' must be a list of strings, not {value!r}")
+    elif key == "env":
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise RubricError(f"{where}: 'env' must map variable names to values, not {value!r}")
+
+
+def load_rubric(path, lab=None):
+    """The tests of one rubric file, validated (unknown keys and bad values name the file and the entry)."""
+    yaml = ensure_yaml()
+    path = pathlib.Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise RubricError(f"{path}: not valid YAML: {error}")
+    if not isinstance(data, dict):
+        raise RubricError(f"{path}: expected a mapping with 'lab' and 'tests'")
+    unknown = set(data) - {"lab", "defaults", "tests"}
+    if unknown:
+        raise RubricError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: lab, defaults, tests")
+    file_lab = data.get("lab")
+    if not isinstance(file_lab, str) or not file_lab:
+        raise RubricError(f"{path}: 'lab' (the lab's name) is missing")
+    if lab is not None and file_lab != lab:
+        raise RubricError(f"{path}: lab '{file_lab}' where '{lab}' was expected")
+    defaults = dict(DEFAULTS)
+    given_defaults = data.get("defaults") or {}
+    if not isinstance(given_defaults, dict):
+        raise RubricError(f"{path}: 'defaults' must be a mapping")
+    for key, value in given_defaults.items():
+        if key not in DEFAULTS and key != "points":
+            raise RubricError(f"{path}: defaults: unknown key '{key}'; allowed: points, {', '.join(DEFAULTS)}")
+        _check_value(f"{path}: defaults", key, value)
+        defaults[key] = value
+    entries = data.get("tests")
+    if not isinstance(entries, list) or not entries:
+        raise RubricError(f"{path}: 'tests' must be a non-empty list")
+    tests = []
+    for index, entry in enumerate(entries, start=1):
+        where = f"{path}: tests[{index}]"
+        if not isinstance(entry, dict):
+            raise RubricError(f"{where}: expected a mapping with test, todo, points")
+        if isinstance(entry.get("test"), str):
+            where += f" ({entry['test']})"
+        for key in entry:
+            if key not in FIELDS:
+                raise RubricError(f"{where}: unknown key '{key}'; allowed: {', '.join(FIELDS)}")
+        values = dict(defaults)
+        values.update(entry)
+        for key in ("test", "todo", "points"):
+            if key not in values:
+                raise RubricError(f"{where}: '{key}' is missing ({FIELDS[key]})")
+        for key, value in values.items():
+            _check_value(where, key, value)
+        for todo in [values["todo"]] + list(values.get("also_needs", [])):
+            if not re.fullmatch(re.escape(file_lab) + r"-\d+", todo):
+                raise RubricError(f"{where}: TODO id '{todo}' is not of the form {file_lab}-<n>")
+        tests.append(RubricTest(lab=file_lab, test=values["test"], todo=values["todo"], points=values["points"],
+                                also_needs=list(values.get("also_needs", [])), time_limit_s=values["time_limit_s"],
+                                gpus=values["gpus"], visibility=values["visibility"],
+                                env={k: str(v) for k, v in values["env"].items()},
+                                tags=list(values["tags"]), description=values["description"], source=str(path)))
+    return tests
+
+
+def extra_rubric_files(extra_dir):
+    if not extra_dir:
+        return []
+    extra_dir = pathlib.Path(extra_dir)
+    return sorted(list(extra_dir.glob("*.yaml")) + list(extra_dir.glob("*.yml")))
+
+
+def load_lab_rubric(root, lab, extra_dir=None):
+    """labs/<lab>/rubric.yaml plus the rubric files in `extra_dir` that are about this lab."""
+    tests = load_rubric(pathlib.Path(root) / "labs" / lab / "rubric.yaml", lab)
+    for path in extra_rubric_files(extra_dir):
+        tests += [t for t in load_rubric(path) if t.lab == lab]
+    return tests
+
+
+def graded_labs(root):
+    """The labs that have a rubric, in name order."""
+    return sorted(p.parent.name for p in (pathlib.Path(root) / "labs").glob("*/rubric.yaml"))
+
+
+def todo_ids(code_dir):
+    """The TODO ids marked in a lab's code directory (solution/<lab> or starter/<lab>), in order."""
+    ids = []
+    for source in sorted(pathlib.Path(code_dir).glob("*.cpp")):
+        for line in source.read_text(errors="replace").splitlines():
+            match = TODO_MARK.match(line)
+            if match and match.group(1) not in ids:
+                ids.append(match.group(1))
+    return sorted(ids, key=lambda todo: int(todo.rsplit("-", 1)[1]))
+
+
+def lab_code_dir(root, lab):
+    root = pathlib.Path(root)
+    return root / "solution" / lab if (root / "solution" / lab).is_dir() else root / "starter" / lab
+
+
+def list_tests(binary, env=None, cwd=None):
+    """Suite.Test names as `<binary> --gtest_list_tests` gives them (parameterized ones in full)."""
+    proc = subprocess.run([str(binary), "--gtest_list_tests"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+    if proc.returncode != 0:
+        raise RubricError(f"{binary} --gtest_list_tests failed (exit {proc.returncode}): "
+                          f"{(proc.stdout + proc.stderr)[-1500:]}")
+    names, suite = [], None
+    for line in proc.stdout.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            suite = line.split("#")[0].strip()
+        elif suite:
+            names.append(suite + line.split("#")[0].strip())
+    return names
+
+
+def problems(lab, tests, todos, listed):
+    """What is wrong between a rubric, the TODOs in the code and the tests in the binary."""
+    out = []
+    seen = {}
+    for t in tests:
+        if t.test in seen:
+            out.append(f"{t.test}: in the rubric twice ({seen[t.test]} and {t.source})")
+        seen[t.test] = t.source
+        for todo in t.todos:
+            if todo not in todos:
+                out.append(f"{t.test}: TODO '{todo}' is not in the code (TODOs of {lab}: {', '.join(todos)})")
+        if t.test.split(".", 1)[-1].split("/")[0].endswith("_CUDA") and t.gpus < 1:
+            out.append(f"{t.test}: named *_CUDA but the rubric gives it gpus: 0 (it would skip and score nothing)")
+        if listed is not None and t.test not in listed:
+            out.append(f"{t.test}: in the rubric ({t.source}) but not a test of the binary")
+    owners = {t.todo for t in tests}
+    for todo in todos:
+        if todo not in owners:
+            out.append(f"TODO {todo} has no test in the rubric (give it at least one test with todo: {todo})")
+    if listed is not None:
+        for name in listed:
+            if name not in seen:
+                out.append(f"{name}: a graded test with no rubric entry (add it to labs/{lab}/rubric.yaml)")
+    return out
+
+
+# ---- running GoogleTest -------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Outcome:
+    status: str          # passed | failed | skipped | crashed | timeout
+    seconds: float
+    message: str = ""    # the first failure line, the skip reason, or what happened to the process
+    details: str = ""    # every failure message, then the end of the output
+
+
+NOT_IMPLEMENTED = re.compile(r"TODO\(([a-z0-9_]+-\d+)\) is not implemented yet")
+
+
+def first_line(failure_text):
+    """'file:line: message' from a gtest failure ('file:line\\nmessage...')."""
+    lines = [l for l in failure_text.splitlines() if l.strip()]
+    if not lines:
+        return "failed"
+    todo = NOT_IMPLEMENTED.search(failure_text)
+    if todo:
+        return f"TODO({todo.group(1)}) is not implemented yet"
+    where, rest = lines[0], lines[1:]
+    where = where if where != "unknown file" else ""
+    if re.match(r".*:\d+$", where):
+        where = os.path.basename(where.rsplit(":", 1)[0]) + ":" + where.rsplit(":", 1)[1]
+    text = " ".join(l.strip() for l in rest[:6]) if rest else ""  # EXPECT_EQ: both sides and values
+    return (where + ": " if where else "") + text
+
+
+def parse_report(report_path, stdout=""):
+    """{Suite.Test: (status, message, failure texts)} from gtest's JSON report (+ stdout for skip reasons)."""
+    with open(report_path) as f:
+        data = json.load(f)
+    skip_reasons = {}
+    pending = []
+    for line in stdout.splitlines():
+        if line.startswith("[ RUN      ] "):
+            pending = []
+        elif line.startswith("[  SKIPPED ] ") and "(" in line:
+            skip_reasons[line[13:].rsplit(" (", 1)[0]] = " ".join(l.strip() for l in pending if l.strip())
+        elif not line.startswith("["):
+            pending.append(line)
+    results = {}
+    for suite in data.get("testsuites", []):
+        for test in suite.get("testsuite", []):
+            name = f"{suite['name']}.{test['name']}"
+            failures = [f.get("failure", "") for f in test.get("failures", [])]
+            if test.get("status") == "NOTRUN":
+                results[name] = ("skipped", "disabled", [])
+            elif test.get("result") == "SKIPPED":
+                reason = skip_reasons.get(name, "").replace("Skipped", "").strip(" :")
+                reason = re.sub(r"^\S+:\d+: *", "", reason)
+                results[name] = ("skipped", reason or "skipped", [])
+            elif failures:
+                results[name] = ("failed", first_line(failures[0]), failures)
+            else:
+                results[name] = ("passed", "", [])
+    return results
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_gtest(binary, args, env, cwd, timeout_s, log_path=None):
+    """Runs a test binary in a process group of its own (a hang or a crash ends there, children
+    included: the DDP tests start a launcher and its workers). Returns (exit code or None on
+    timeout, seconds, output, report dict or None)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        out_path = log_path or os.path.join(tmp, "output.txt")
+        start = time.monotonic()
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen([str(binary), f"--gtest_output=json:{report}"] + list(args), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait()
+                code = None
+            _kill_group(proc)  # whatever it left running (workers of a launcher)
+        seconds = time.monotonic() - start
+        with open(out_path, errors="replace") as f:
+            output = f.read()
+        parsed = None
+        if os.path.exists(report):
+            try:
+                parsed = parse_report(report, output)
+            except (ValueError, KeyError):
+                parsed = None
+        return code, seconds, output, parsed
+
+
+def describe_exit(code):
+    if code is not None and code < 0:
+        try:
+            return f"crashed ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"crashed (signal {-code})"
+    return f"exited with code {code} before reporting"
+
+
+def tail(text, limit=3000):
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def run_one(binary, name, env, cwd, timeout_s, log_path=None):
+    """One graded test in its own process: an Outcome."""
+    code, seconds, output, parsed = run_gtest(binary, [f"--gtest_filter={name}"], env, cwd, timeout_s, log_path)
+    if code is None:
+        return Outcome("timeout", seconds, f"timed out after {timeout_s:g} s (killed)", tail(output))
+    if parsed is None or name not in parsed:
+        if code == 0 and parsed is not None:
+            return Outcome("failed", seconds, "the test did not run (not in the binary?)", tail(output))
+        return Outcome("crashed", seconds, describe_exit(code), tail(output))
+    status, message, failures = parsed[name]
+    if status == "passed" and code != 0:
+        return Outcome("crashed", seconds, f"passed, then the process {describe_exit(code)}", tail(output))
+    details = "\n\n".join(failures) + ("\n\n--- output ---\n" + tail(output) if status != "passed" else "")
+    return Outcome(status, seconds, message, details.strip())

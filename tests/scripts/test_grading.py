@@ -1,0 +1,119 @@
+"""Unit tests of the grading scripts' pieces (rubric parsing and checks, gtest report parsing,
+the student-file sync of scripts/grade). ctest: grading_scripts (label core)."""
+import importlib.machinery
+import importlib.util
+import json
+import pathlib
+import sys
+import tempfile
+import textwrap
+import unittest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import amplab_rubric as rubric  # noqa: E402
+
+_loader = importlib.machinery.SourceFileLoader("grade", str(SCRIPTS / "grade"))
+grade = importlib.util.module_from_spec(importlib.util.spec_from_loader("grade", _loader))
+_loader.exec_module(grade)
+
+
+def write(dir_, name, text):
+    path = pathlib.Path(dir_) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+class RubricFiles(unittest.TestCase):
+    def load(self, text):
+        with tempfile.TemporaryDirectory() as tmp:
+            return rubric.load_rubric(write(tmp, "rubric.yaml", text), "x")
+
+    def test_defaults_apply_and_entries_override(self):
+        tests = self.load("""
+            lab: x
+            defaults: {time_limit_s: 30, visibility: hidden}
+            tests:
+              - {test: A.B, todo: x-1, points: 2}
+              - {test: A.C_CUDA, todo: x-2, points: 1.5, gpus: 1, time_limit_s: 90, also_needs: [x-1]}
+            """)
+        self.assertEqual([(t.test, t.time_limit_s, t.visibility, t.gpus) for t in tests],
+                         [("A.B", 30, "hidden", 0), ("A.C_CUDA", 90, "hidden", 1)])
+        self.assertEqual(tests[1].todos, ["x-2", "x-1"])
+
+    def test_errors_name_the_entry_and_what_is_allowed(self):
+        cases = {
+            "lab: x\ntests:\n  - {test: A.B, todo: x-1, points: 2, visiblity: hidden}\n": "unknown key 'visiblity'",
+            "lab: x\ntests:\n  - {test: A.B, todo: x-1}\n": "'points' is missing",
+            "lab: x\ntests:\n  - {test: A.B, todo: x-1, points: -1}\n": "'points' must be a number >= 0",
+            "lab: x\ntests:\n  - {test: A.B, todo: y-1, points: 1}\n": "not of the form x-<n>",
+            "lab: x\ntests:\n  - {test: A.B, todo: x-1, points: 1, visibility: secret}\n": "not one of visible",
+            "lab: y\ntests:\n  - {test: A.B, todo: y-1, points: 1}\n": "lab 'y' where 'x' was expected",
+        }
+        for text, message in cases.items():
+            with self.assertRaises(rubric.RubricError) as caught:
+                self.load(text)
+            self.assertIn(message, str(caught.exception))
+            self.assertIn("rubric.yaml", str(caught.exception))
+
+    def test_problems(self):
+        tests = self.load("""
+            lab: x
+            tests:
+              - {test: A.B, todo: x-1, points: 1}
+              - {test: A.B, todo: x-1, points: 1}
+              - {test: A.Gone, todo: x-9, points: 1}
+              - {test: A.D_CUDA, todo: x-1, points: 1}
+            """)
+        found = "\n".join(rubric.problems("x", tests, ["x-1", "x-2"], ["A.B", "A.D_CUDA", "A.New"]))
+        for part in ("A.B: in the rubric twice", "TODO 'x-9' is not in the code", "A.D_CUDA: named *_CUDA",
+                     "A.Gone: in the rubric", "TODO x-2 has no test", "A.New: a graded test with no rubric entry"):
+            self.assertIn(part, found)
+        self.assertEqual(rubric.problems("x", tests[:1], ["x-1"], ["A.B"]), [])
+
+
+class GtestReports(unittest.TestCase):
+    def test_first_line(self):
+        self.assertEqual(rubric.first_line('unknown file\nC++ exception with description "TODO(mnist-2) is not '
+                                           'implemented yet: fill in ..." thrown in the test body.'),
+                         "TODO(mnist-2) is not implemented yet")
+        self.assertEqual(rubric.first_line("/src/tests/labs/mnist_test.cpp:59\nExpected equality of these values:\n"
+                                           "  calls\n    Which is: 3\n"),
+                         "mnist_test.cpp:59: Expected equality of these values: calls Which is: 3")
+        self.assertIn("Which is: 24 48", rubric.first_line(
+            "/t/gpu_basics_test.cpp:150\nExpected equality of these values:\n  gpu_basics::matmul_flops(2, 3, 4)\n"
+            "    Which is: 24\n  48\n"))
+
+    def test_parse_report_with_skip_reason(self):
+        report = {"testsuites": [{"name": "S", "testsuite": [
+            {"name": "Ok", "status": "RUN", "result": "COMPLETED"},
+            {"name": "Bad", "status": "RUN", "result": "COMPLETED", "failures": [{"failure": "f.cpp:3\nboom"}]},
+            {"name": "Gpu_CUDA", "status": "RUN", "result": "SKIPPED"}]}]}
+        stdout = ("[ RUN      ] S.Gpu_CUDA\n/x/f.cpp:9: Skipped\nno CUDA device\n\n"
+                  "[  SKIPPED ] S.Gpu_CUDA (0 ms)\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "r.json"
+            path.write_text(json.dumps(report))
+            parsed = rubric.parse_report(path, stdout)
+        self.assertEqual(parsed["S.Ok"][0], "passed")
+        self.assertEqual(parsed["S.Bad"][:2], ("failed", "f.cpp:3: boom"))
+        self.assertEqual(parsed["S.Gpu_CUDA"][:2], ("skipped", "no CUDA device"))
+
+
+class StudentFiles(unittest.TestCase):
+    def test_sync_rewrites_only_changed_files_and_removes_stale_ones(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a = write(tmp, "in/a.cpp", "int a;\n")
+            b = write(tmp, "in/b.cpp", "int b;\n")
+            dest = pathlib.Path(tmp) / "out"
+            self.assertEqual(grade.sync_tree(dest, {"lab/a.cpp": a, "lab/b.cpp": b}), 2)
+            self.assertEqual(grade.sync_tree(dest, {"lab/a.cpp": a, "lab/b.cpp": b}), 0)
+            b.write_text("int b2;\n")
+            self.assertEqual(grade.sync_tree(dest, {"lab/b.cpp": b}), 2)  # b rewritten, a removed
+            self.assertEqual(sorted(p.name for p in (dest / "lab").iterdir()), ["b.cpp"])
+            self.assertEqual((dest / "lab" / "b.cpp").read_text(), "int b2;\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
