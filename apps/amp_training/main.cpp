@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "amp_training.hpp"
@@ -308,6 +309,39 @@ double matmul_peak_tflops(torch::Device device, int64_t n, int warmup, int repea
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / (per_matmul * 1e9);
 }
 
+// What the GradScaler costs, paired: fp16-mixed windows with and without the scaler alternate on
+// the same model, so that clock and temperature drift (the fp32 rows just before heat the GPU)
+// hit both alike. Returns the medians, with and without, in ms per step.
+std::pair<double, double> paired_scaler_cost(Workload& w, const AmpConfig& config, torch::Device device) {
+  auto train_config = [&](bool with_scaler) {
+    amplab::TrainConfig train;
+    train.precision = Precision::fp16_mixed;
+    train.loss_scaling = with_scaler ? "on" : "off";
+    train.grad_clip_norm = config.train.grad_clip_norm;
+    train.optimizer = config.train.optimizer;
+    train.grad_scaler = config.train.grad_scaler;
+    return train;
+  };
+  w.reset();
+  amp_training::AmpTraining with(w.model, w.loss_fn, train_config(true), device);
+  amp_training::AmpTraining without(w.model, w.loss_fn, train_config(false), device);
+  const auto& bench = config.amp.bench;
+  for (int i = 0; i < bench.warmup; ++i) {
+    amp_training::train_step(with, w.batch);
+    amp_training::train_step(without, w.batch);
+  }
+  amplab::DeviceTimer timer(device);
+  std::vector<double> with_ms, without_ms;
+  for (int r = 0; r < bench.repeats; ++r) {
+    for (auto* t : {&with, &without}) {
+      timer.start();
+      for (int i = 0; i < bench.window; ++i) amp_training::train_step(*t, w.batch);
+      (t == &with ? with_ms : without_ms).push_back(timer.stop_ms() / bench.window);
+    }
+  }
+  return {amplab::summarize(with_ms).median, amplab::summarize(without_ms).median};
+}
+
 amp_training::PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler, const AmpConfig& config,
                                             torch::Device device, double peak_tflops) {
   amp_training::PrecisionResult r;
@@ -524,6 +558,7 @@ int main(int argc, char** argv) {
 
     // 2. The same models in every precision, with your train_step.
     std::vector<amp_training::PrecisionResult> results;
+    std::map<std::string, std::pair<double, double>> scaler_cost;  // model -> ms per step with, without
     nlohmann::json shapes;
     for (const auto& model_name : lab.models) {
       Workload w = make_workload(model_name, lab, device, seed);
@@ -532,8 +567,11 @@ int main(int argc, char** argv) {
       for (const auto& name : lab.precisions) {
         Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
         results.push_back(run_precision(w, precision, /*with_scaler=*/true, config, device, peak));
-        if (precision == Precision::fp16_mixed && lab.scaler_cost && results.back().ran)
+        if (precision == Precision::fp16_mixed && lab.scaler_cost && results.back().ran) {
           results.push_back(run_precision(w, precision, /*with_scaler=*/false, config, device, peak));
+          amplab::log::info("timing " + w.name + " fp16-mixed with and without the scaler, alternating windows");
+          scaler_cost[w.name] = paired_scaler_cost(w, config, device);
+        }
       }
     }
     amp_training::compare_to_fp32(results);
@@ -579,22 +617,20 @@ int main(int argc, char** argv) {
               << "; TFLOP/s counted for the MLP only (6 x batch x in x out per Linear)\n";
     csv.write_csv(run.file("precision.csv"));
 
-    // What the GradScaler costs: fp16-mixed with it against the plain autocast step without it.
+    // What the GradScaler costs: fp16-mixed with it against the plain autocast step without it,
+    // timed in alternating windows (the table's rows were timed one after the other).
     nlohmann::json scaler_json = nlohmann::json::object();
-    for (const auto& with : results) {
-      if (!with.ran || with.precision != Precision::fp16_mixed || !with.loss_scaling) continue;
-      for (const auto& without : results) {
-        if (!without.ran || without.model != with.model || without.precision != Precision::fp16_mixed || without.loss_scaling)
-          continue;
-        double cost = with.stats.step_ms.median - without.stats.step_ms.median;
-        double fraction = cost / with.stats.step_ms.median;
-        std::cout << "GradScaler cost, " << with.model << ": " << amplab::fixed(cost, 3) << " ms per step = "
-                  << percent(fraction, 2) << " of the fp16-mixed step ("
-                  << (config.train.optimizer.fused ? "fused SGD: inf check and skip stay on the device"
-                                                   : "SGD not fused: step() waits for the GPU to decide the skip")
-                  << ")\n";
-        scaler_json[with.model] = {{"ms", cost}, {"fraction", fraction}};
-      }
+    for (const auto& [model, ms] : scaler_cost) {
+      auto [with_ms, without_ms] = ms;
+      double cost = with_ms - without_ms;
+      double fraction = cost / with_ms;
+      std::cout << "GradScaler cost, " << model << ": " << amplab::fixed(cost, 3) << " ms per step = " << percent(fraction, 2)
+                << " of the fp16-mixed step (" << amplab::fixed(with_ms, 3) << " vs " << amplab::fixed(without_ms, 3)
+                << " ms in alternating windows; "
+                << (config.train.optimizer.fused ? "fused SGD: inf check and skip stay on the device"
+                                                 : "SGD not fused: step() waits for the GPU to decide the skip")
+                << ")\n";
+      scaler_json[model] = {{"ms", cost}, {"fraction", fraction}, {"with_ms", with_ms}, {"without_ms", without_ms}};
     }
 
     // 3. Why fp16 needs loss scaling.

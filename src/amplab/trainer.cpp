@@ -90,7 +90,7 @@ StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>
   scaler_.step(*optimizer_);
   if (scaler_.is_enabled()) result.skipped = scaler_.found_inf().clamp_max(1.0);
   scaler_.update();
-  optimizer_->zero_grad(/*set_to_none=*/!(sync_ && sync_->zero_grad_in_place()));
+  optimizer_->zero_grad(/*set_to_none=*/true);  // backward then writes fresh gradients instead of adding to zeros
 
   memory_.end_step(global_step_);
   phase_ = Phase::other;

@@ -100,7 +100,6 @@ class GradientSync {
   virtual void before_forward() {}                       // e.g. broadcast buffers from rank 0
   virtual void before_backward(bool reduce_after_this) = 0;  // false inside an accumulation group
   virtual void finish() = 0;                             // wait for all-reduces; grads averaged
-  virtual bool zero_grad_in_place() const { return false; }  // gradients are views into buffers
 };
 
 struct StepResult {

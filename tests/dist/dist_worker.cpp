@@ -213,6 +213,7 @@ int collectives() {
 struct Variant {
   bool overlap = true;
   bool set_to_none = false;
+  bool bucket_per_parameter = false;  // a cap below every parameter: each .grad all-reduced in place
   int micro_steps = 1;   // gradient accumulation: micro-batches per optimizer step
   bool no_sync = true;   // accumulate under no_sync() (else synchronize after every micro-step)
 };
@@ -221,6 +222,7 @@ struct Trained {
   torch::Tensor params;
   DistributedDataParallel::Stats stats;
   size_t buckets = 0;
+  int64_t shared = 0;  // parameters in buckets of more than one (the others keep their own .grad)
 };
 
 constexpr int kSteps = 4;
@@ -257,7 +259,7 @@ Trained train_ddp(const std::shared_ptr<dist::Communicator>& comm, const Variant
   model->to(g_device);
   model->running.fill_(static_cast<float>(r));
   dist::DistConfig config;
-  config.bucket_mb = kTinyBucketMb;
+  config.bucket_mb = v.bucket_per_parameter ? 1e-6 : kTinyBucketMb;
   config.overlap = v.overlap;
   DistributedDataParallel ddp(model, comm, config);
   expect_same_on_all_ranks(*comm, flat_params(*model), name + ": parameters equal after construction");
@@ -285,7 +287,10 @@ Trained train_ddp(const std::shared_ptr<dist::Communicator>& comm, const Variant
     expect_same_on_all_ranks(*comm, flat_params(*model), name + ": parameters equal on all ranks after step " +
                                                              std::to_string(step));
   }
-  return {flat_params(*model), ddp.stats(), ddp.bucket_layout().size()};
+  int64_t shared = 0;
+  for (const auto& bucket : ddp.bucket_layout())
+    if (bucket.size() > 1) shared += static_cast<int64_t>(bucket.size());
+  return {flat_params(*model), ddp.stats(), ddp.bucket_layout().size(), shared};
 }
 
 int ddp() {
@@ -316,9 +321,20 @@ int ddp() {
 
   Trained copies = train_ddp(comm, {.set_to_none = true}, "set_to_none");
   expect_same_result(copies.params, views.params, "zero_grad(set_to_none) gives the same result");
-  expect(copies.stats.grad_copies == kSteps * 6, "set_to_none: one copy per parameter per step",
+  expect(copies.shared > 0 && copies.stats.grad_copies == kSteps * copies.shared,
+         "set_to_none: one copy per step for each parameter of a shared bucket (" + std::to_string(copies.shared) + ")",
          std::to_string(copies.stats.grad_copies));
   ok("set_to_none = zero in place");
+
+  for (bool set_to_none : {false, true}) {
+    std::string mode = set_to_none ? "set_to_none" : "zero in place";
+    Trained alone = train_ddp(comm, {.set_to_none = set_to_none, .bucket_per_parameter = true}, "bucket per parameter, " + mode);
+    expect_same_result(alone.params, views.params, "a bucket per parameter (" + mode + ") gives the same result");
+    expect(alone.buckets == 6 && alone.stats.grad_copies == 0,
+           "a bucket per parameter: six buckets, each .grad all-reduced in place (" + mode + ")",
+           std::to_string(alone.buckets) + " buckets, " + std::to_string(alone.stats.grad_copies) + " copies");
+  }
+  ok("a parameter alone in its bucket is all-reduced in its own .grad");
   comm->shutdown();
   return 0;
 }
@@ -341,6 +357,10 @@ int accumulate() {
          std::to_string(synced.stats.buckets_during_backward));
   ok("accumulation with no_sync = without (" + std::to_string(local.stats.buckets_during_backward) + " vs " +
      std::to_string(synced.stats.buckets_during_backward) + " bucket all-reduces)");
+  Trained in_place = train_ddp(
+      comm, {.set_to_none = true, .bucket_per_parameter = true, .micro_steps = kMicro, .no_sync = true}, "no_sync, in place");
+  expect_close(in_place.params, reference, 1e-5, 1e-6, "accumulation with a bucket per parameter = one process");
+  ok("accumulation into gradients all-reduced in place");
   comm->shutdown();
   return 0;
 }
@@ -349,60 +369,64 @@ int accumulate() {
 int unused() {
   auto comm = connect();
   const int W = comm->size(), r = comm->rank();
-  torch::manual_seed(7);
-  auto model = std::make_shared<Mlp>(/*with_extra=*/true);
-  model->to(g_device);
-  dist::DistConfig config;
-  config.bucket_mb = kTinyBucketMb;
-  DistributedDataParallel ddp(model, comm, config);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
-  auto x = on_device(torch::randn({4, kIn})), y = on_device(torch::randn({4, kOut}));  // same seed: same on every rank
+  // Shared buckets (slices of a flat buffer), then a bucket per parameter (.grad reduced in place).
+  for (double bucket_mb : {kTinyBucketMb, 1e-6}) {
+    const std::string layout = bucket_mb == kTinyBucketMb ? " (shared buckets)" : " (a bucket per parameter)";
+    torch::manual_seed(7);
+    auto model = std::make_shared<Mlp>(/*with_extra=*/true);
+    model->to(g_device);
+    dist::DistConfig config;
+    config.bucket_mb = bucket_mb;
+    DistributedDataParallel ddp(model, comm, config);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
+    auto x = on_device(torch::randn({4, kIn})), y = on_device(torch::randn({4, kOut}));  // same seed: same on every rank
 
-  // Step 1: only rank 0 takes the extra branch. Its bucket (the first: extra is registered
-  // last) cannot complete during backward elsewhere, so other ranks send it at finish time.
-  optimizer.zero_grad(false);
-  auto loss = torch::mse_loss(model->forward(x, /*use_extra=*/r == 0), y);
-  // This rank's own gradient of extra.weight (autograd::grad fills no .grad and runs no hooks);
-  // .grad itself cannot be read before finish: its bucket may already be in flight.
-  torch::Tensor local_extra_grad =
-      r == 0 ? torch::autograd::grad({loss}, {model->extra->weight}, {}, /*retain_graph=*/true)[0]
-             : torch::zeros_like(model->extra->weight);
-  loss.backward();
-  ddp.finish_gradient_sync();
-  auto all_local = comm->all_gather_bytes(bytes_of(local_extra_grad));
-  auto rank0_local = torch::from_blob(all_local[0].data(), local_extra_grad.sizes(), torch::kFloat32);
-  expect(model->extra->weight.grad().defined(), "unused on some ranks: .grad is defined after finish");
-  expect_close(model->extra->weight.grad(), rank0_local / W, 1e-6, 1e-7,
-               "a parameter used on rank 0 only gets rank 0's gradient / W everywhere");
-  expect_same_on_all_ranks(*comm, model->extra->weight.grad(), "its gradient is equal on all ranks");
-  if (r != 0) expect(ddp.stats().unused_parameters == 2, "unused parameters counted", std::to_string(ddp.stats().unused_parameters));
-  optimizer.step();
-  expect_same_on_all_ranks(*comm, flat_params(*model), "parameters equal after a step with a rank-0-only layer");
-  ok("a parameter unused on some ranks");
+    // Step 1: only rank 0 takes the extra branch. Its bucket (the first: extra is registered
+    // last) cannot complete during backward elsewhere, so other ranks send it at finish time.
+    optimizer.zero_grad(false);
+    auto loss = torch::mse_loss(model->forward(x, /*use_extra=*/r == 0), y);
+    // This rank's own gradient of extra.weight (autograd::grad fills no .grad and runs no hooks);
+    // .grad itself cannot be read before finish: its bucket may already be in flight.
+    torch::Tensor local_extra_grad =
+        r == 0 ? torch::autograd::grad({loss}, {model->extra->weight}, {}, /*retain_graph=*/true)[0]
+               : torch::zeros_like(model->extra->weight);
+    loss.backward();
+    ddp.finish_gradient_sync();
+    auto all_local = comm->all_gather_bytes(bytes_of(local_extra_grad));
+    auto rank0_local = torch::from_blob(all_local[0].data(), local_extra_grad.sizes(), torch::kFloat32);
+    expect(model->extra->weight.grad().defined(), "unused on some ranks: .grad is defined after finish");
+    expect_close(model->extra->weight.grad(), rank0_local / W, 1e-6, 1e-7,
+                 "a parameter used on rank 0 only gets rank 0's gradient / W everywhere");
+    expect_same_on_all_ranks(*comm, model->extra->weight.grad(), "its gradient is equal on all ranks");
+    if (r != 0) expect(ddp.stats().unused_parameters == 2, "unused parameters counted", std::to_string(ddp.stats().unused_parameters));
+    optimizer.step();
+    expect_same_on_all_ranks(*comm, flat_params(*model), "parameters equal after a step with a rank-0-only layer");
+    ok("a parameter unused on some ranks" + layout);
 
-  // Step 2: nobody uses it (with set_to_none: its .grad is undefined before finish).
-  optimizer.zero_grad(true);
-  torch::mse_loss(model->forward(x, false), y).backward();
-  ddp.finish_gradient_sync();
-  expect(model->extra->weight.grad().defined() && model->extra->weight.grad().abs().sum().item<double>() == 0,
-         "unused everywhere: zero gradient after finish");
-  optimizer.step();
-  expect_same_on_all_ranks(*comm, flat_params(*model), "parameters equal after a step with an unused layer");
-  ok("a parameter unused on all ranks");
+    // Step 2: nobody uses it (with set_to_none: its .grad is undefined before finish).
+    optimizer.zero_grad(true);
+    torch::mse_loss(model->forward(x, false), y).backward();
+    ddp.finish_gradient_sync();
+    expect(model->extra->weight.grad().defined() && model->extra->weight.grad().abs().sum().item<double>() == 0,
+           "unused everywhere: zero gradient after finish");
+    optimizer.step();
+    expect_same_on_all_ranks(*comm, flat_params(*model), "parameters equal after a step with an unused layer");
+    ok("a parameter unused on all ranks" + layout);
 
-  // Two backwards without finish_gradient_sync in between: a clear error, on every rank.
-  optimizer.zero_grad(false);
-  torch::mse_loss(model->forward(x, true), y).backward();
-  bool threw = false;
-  try {
+    // Two backwards without finish_gradient_sync in between: a clear error, on every rank.
+    optimizer.zero_grad(false);
     torch::mse_loss(model->forward(x, true), y).backward();
-  } catch (const std::exception& e) {
-    threw = std::string(e.what()).find("second gradient before finish_gradient_sync()") != std::string::npos;
-    if (!threw) fail("second backward error", e.what());
+    bool threw = false;
+    try {
+      torch::mse_loss(model->forward(x, true), y).backward();
+    } catch (const std::exception& e) {
+      threw = std::string(e.what()).find("second gradient before finish_gradient_sync()") != std::string::npos;
+      if (!threw) fail("second backward error", e.what());
+    }
+    expect(threw, "a second backward before finish_gradient_sync() is an error");
+    ddp.finish_gradient_sync();  // the first backward's buckets are in flight: settle them
+    ok("one backward per step is enforced" + layout);
   }
-  expect(threw, "a second backward before finish_gradient_sync() is an error");
-  ddp.finish_gradient_sync();  // the first backward's buckets are in flight: settle them
-  ok("one backward per step is enforced");
   comm->shutdown();
   return 0;
 }

@@ -18,14 +18,16 @@ struct DistributedDataParallel::Slot {
   std::string name;
   torch::Tensor param;
   torch::Tensor view;  // the slice of the bucket's flat buffer that .grad aliases; param's shape and strides
+                       // (undefined when the parameter has a bucket of its own: its .grad is all-reduced in place)
   size_t bucket = 0;
   bool accumulated = false;  // got a gradient since the last sync (in this step or a no_sync micro-step)
   bool counted = false;      // got its gradient in this synchronized backward
 };
 
-// Parameters whose gradients are all-reduced together, as one flat buffer.
+// Parameters whose gradients are all-reduced together, as one flat buffer; or one parameter
+// whose .grad is all-reduced where it is.
 struct DistributedDataParallel::Bucket {
-  torch::Tensor flat;         // (sum of numel,), the parameters' dtype and device
+  torch::Tensor flat;         // (sum of numel,), the parameters' dtype and device; undefined for one parameter
   std::vector<size_t> slots;  // indices into slots_
   size_t pending = 0;         // slots not yet counted in this synchronized backward
   bool launched = false;
@@ -176,6 +178,15 @@ void DistributedDataParallel::build_buckets(double bucket_mb) {
 
   for (const auto& group : groups) {
     Bucket bucket;
+    bucket.slots = group;
+    bucket.pending = group.size();
+    for (size_t k : group) slots_[k].bucket = buckets_.size();
+    if (group.size() == 1) {
+      // A parameter alone in its bucket (a large weight) is all-reduced in its own .grad: autograd
+      // writes the gradient there and nothing is copied, whichever way .grad is zeroed.
+      buckets_.push_back(std::move(bucket));
+      continue;
+    }
     int64_t total = 0;
     for (size_t k : group) total += slots_[k].param.numel();
     const auto& first = slots_[group.front()].param;
@@ -190,11 +201,8 @@ void DistributedDataParallel::build_buckets(double bucket_mb) {
                       .set_(bucket.flat.storage(), offset, slot.param.sizes(), slot.param.strides());
       if (slot.param.grad().defined()) slot.view.copy_(slot.param.grad());
       slot.param.mutable_grad() = slot.view;
-      slot.bucket = buckets_.size();
-      bucket.slots.push_back(k);
       offset += slot.param.numel();
     }
-    bucket.pending = bucket.slots.size();
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -205,7 +213,7 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
   Slot& slot = slots_[index];
   torch::Tensor& grad = slot.param.mutable_grad();
   if (!grad.defined()) return;
-  if (!is_slice(grad, slot.view)) {
+  if (slot.view.defined() && !is_slice(grad, slot.view)) {
     // .grad was reset to none (or replaced), so autograd stored a fresh tensor holding the whole
     // gradient: move it into the bucket and alias the slice again.
     slot.view.copy_(grad);
@@ -233,7 +241,7 @@ void DistributedDataParallel::launch(size_t index, bool during_backward) {
   if (comm_->size() == 1) return;
   // The average over ranks: NCCL averages inside the reduction; the cpu backend divides first,
   // as PyTorch does, which also keeps fp16 sums in range.
-  bucket.work = comm_->all_reduce_mean({bucket.flat});
+  bucket.work = comm_->all_reduce_mean({bucket.flat.defined() ? bucket.flat : slots_[bucket.slots[0]].param.mutable_grad()});
 }
 
 void DistributedDataParallel::finish_gradient_sync() {
@@ -249,7 +257,10 @@ void DistributedDataParallel::finish_gradient_sync() {
       Slot& slot = slots_[k];
       if (slot.counted || slot.accumulated) continue;  // accumulated: from no_sync micro-steps
       // No gradient since the last sync: contribute zeros (the slice may hold last step's values).
-      slot.view.zero_();
+      torch::Tensor& grad = slot.param.mutable_grad();
+      if (slot.view.defined()) slot.view.zero_();
+      else if (grad.defined()) grad.zero_();
+      else grad = torch::zeros_like(slot.param.detach());
       if (first_unused.empty()) first_unused = slot.name;
       ++unused;
     }
@@ -274,7 +285,7 @@ void DistributedDataParallel::finish_gradient_sync() {
   // Parameters without a gradient this step still have .grad = none: give them their slice, so
   // every rank steps every parameter.
   for (auto& slot : slots_)
-    if (!is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
+    if (slot.view.defined() && !is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
   ++stats_.syncs;
   reset_step();
 }

@@ -27,14 +27,16 @@
 // measure what overlap buys). Buckets always launch in the same order on every rank, which
 // collectives require.
 //
-// Gradients are bucket views: each parameter's .grad aliases its slice of the bucket's flat
-// buffer, so autograd accumulates straight into the buffer that is all-reduced (no copy in, no
-// copy out; PyTorch's gradient_as_bucket_view=True). This holds as long as gradients are zeroed
-// in place: optimizer.zero_grad(false). With zero_grad() (set_to_none, LibTorch's default) the
-// next backward allocates fresh gradients; the hook then copies each into its slice and points
-// .grad back at the slice. Results are the same, it just costs one copy per parameter per step
+// Where gradients live. A parameter alone in its bucket (any parameter larger than the cap,
+// such as a big weight) keeps its own .grad, which is all-reduced in place: autograd writes the
+// gradient there and nothing is copied. In a bucket of several parameters each .grad aliases
+// its slice of the bucket's flat buffer (PyTorch's gradient_as_bucket_view=True). With
+// zero_grad(false) autograd accumulates straight into the slice; with zero_grad()
+// (set_to_none, LibTorch's default and what the trainer uses: the next backward then writes
+// fresh gradients instead of adding to zeros) the hook copies each fresh gradient into its
+// slice and points .grad back at it, one copy per small parameter per step
 // (stats().grad_copies counts them). Do not keep references to .grad tensors across steps.
-//
+
 // Parameters that get no gradient in a step (a branch not taken on this rank) contribute zeros
 // to the average; after finish_gradient_sync() every trainable parameter has a defined .grad,
 // equal on all ranks, so all ranks step identically. Unlike a single process, where such a
@@ -69,7 +71,7 @@ class DistributedDataParallel {
   // Checks that every rank has the same parameters and buffers (names, dtypes, shapes, which
   // are trainable) and the same bucket size, else an amplab::Error names the first difference
   // and the ranks; then copies rank 0's parameters and buffers to all ranks, builds the buckets
-  // and points each trainable parameter's .grad at its bucket slice. The model must already be
+  // and points the .grad of each parameter that shares a bucket at its slice. The model must already be
   // on comm->device().
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Communicator> comm,
                           const DistConfig& config = {});

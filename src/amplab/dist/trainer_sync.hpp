@@ -26,8 +26,6 @@ class DdpGradientSync : public GradientSync {
     local_.reset();
     ddp_.finish_gradient_sync();
   }
-  // Gradients are views into the all-reduce buckets: zeroing in place keeps them there.
-  bool zero_grad_in_place() const override { return true; }
 
  private:
   DistributedDataParallel& ddp_;
