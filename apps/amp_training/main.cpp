@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
-#include <map>
 #include <optional>
 
 #include "amp_training.hpp"
@@ -309,39 +308,6 @@ double matmul_peak_tflops(torch::Device device, int64_t n, int warmup, int repea
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / (per_matmul * 1e9);
 }
 
-// What the GradScaler costs, paired: fp16-mixed windows with and without the scaler alternate on
-// the same model, so that clock and temperature drift (the fp32 rows just before heat the GPU)
-// hit both alike. Returns the medians, with and without, in ms per step.
-std::pair<double, double> paired_scaler_cost(Workload& w, const AmpConfig& config, torch::Device device) {
-  auto train_config = [&](bool with_scaler) {
-    amplab::TrainConfig train;
-    train.precision = Precision::fp16_mixed;
-    train.loss_scaling = with_scaler ? "on" : "off";
-    train.grad_clip_norm = config.train.grad_clip_norm;
-    train.optimizer = config.train.optimizer;
-    train.grad_scaler = config.train.grad_scaler;
-    return train;
-  };
-  w.reset();
-  amp_training::AmpTraining with(w.model, w.loss_fn, train_config(true), device);
-  amp_training::AmpTraining without(w.model, w.loss_fn, train_config(false), device);
-  const auto& bench = config.amp.bench;
-  for (int i = 0; i < bench.warmup; ++i) {
-    amp_training::train_step(with, w.batch);
-    amp_training::train_step(without, w.batch);
-  }
-  amplab::DeviceTimer timer(device);
-  std::vector<double> with_ms, without_ms;
-  for (int r = 0; r < bench.repeats; ++r) {
-    for (auto* t : {&with, &without}) {
-      timer.start();
-      for (int i = 0; i < bench.window; ++i) amp_training::train_step(*t, w.batch);
-      (t == &with ? with_ms : without_ms).push_back(timer.stop_ms() / bench.window);
-    }
-  }
-  return {amplab::summarize(with_ms).median, amplab::summarize(without_ms).median};
-}
-
 amp_training::PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler, const AmpConfig& config,
                                             torch::Device device, double peak_tflops) {
   amp_training::PrecisionResult r;
@@ -551,14 +517,15 @@ int main(int argc, char** argv) {
 
     // 1. The ceiling: a bf16 matmul as large as the MLP's.
     int64_t peak_n = cpu ? lab.bench.cpu_peak_n : lab.bench.peak_n;
-    double peak = matmul_peak_tflops(device, peak_n, cpu ? 1 : lab.bench.warmup, cpu ? 3 : lab.bench.repeats,
+    // GPU: 200 untimed matmuls first (about 0.3 s on an H100/H200), so that a GPU that just woke up
+    // has reached its clocks; a cold peak would put the MLP above 100% of it.
+    double peak = matmul_peak_tflops(device, peak_n, cpu ? 1 : std::max(lab.bench.warmup, 200), cpu ? 3 : lab.bench.repeats,
                                      cpu ? 1 : lab.bench.window);
     std::cout << "\n== Measured peak ==\nbf16 " << peak_n << "^3 matmul: " << amplab::fixed(peak, cpu ? 3 : 1) << " TFLOP/s\n";
     std::cout << std::flush;
 
     // 2. The same models in every precision, with your train_step.
     std::vector<amp_training::PrecisionResult> results;
-    std::map<std::string, std::pair<double, double>> scaler_cost;  // model -> ms per step with, without
     nlohmann::json shapes;
     for (const auto& model_name : lab.models) {
       Workload w = make_workload(model_name, lab, device, seed);
@@ -567,11 +534,8 @@ int main(int argc, char** argv) {
       for (const auto& name : lab.precisions) {
         Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
         results.push_back(run_precision(w, precision, /*with_scaler=*/true, config, device, peak));
-        if (precision == Precision::fp16_mixed && lab.scaler_cost && results.back().ran) {
+        if (precision == Precision::fp16_mixed && lab.scaler_cost && results.back().ran)
           results.push_back(run_precision(w, precision, /*with_scaler=*/false, config, device, peak));
-          amplab::log::info("timing " + w.name + " fp16-mixed with and without the scaler, alternating windows");
-          scaler_cost[w.name] = paired_scaler_cost(w, config, device);
-        }
       }
     }
     amp_training::compare_to_fp32(results);
@@ -617,20 +581,22 @@ int main(int argc, char** argv) {
               << "; TFLOP/s counted for the MLP only (6 x batch x in x out per Linear)\n";
     csv.write_csv(run.file("precision.csv"));
 
-    // What the GradScaler costs: fp16-mixed with it against the plain autocast step without it,
-    // timed in alternating windows (the table's rows were timed one after the other).
+    // What the GradScaler costs: fp16-mixed with it against the plain autocast step without it.
     nlohmann::json scaler_json = nlohmann::json::object();
-    for (const auto& [model, ms] : scaler_cost) {
-      auto [with_ms, without_ms] = ms;
-      double cost = with_ms - without_ms;
-      double fraction = cost / with_ms;
-      std::cout << "GradScaler cost, " << model << ": " << amplab::fixed(cost, 3) << " ms per step = " << percent(fraction, 2)
-                << " of the fp16-mixed step (" << amplab::fixed(with_ms, 3) << " vs " << amplab::fixed(without_ms, 3)
-                << " ms in alternating windows; "
-                << (config.train.optimizer.fused ? "fused SGD: inf check and skip stay on the device"
-                                                 : "SGD not fused: step() waits for the GPU to decide the skip")
-                << ")\n";
-      scaler_json[model] = {{"ms", cost}, {"fraction", fraction}, {"with_ms", with_ms}, {"without_ms", without_ms}};
+    for (const auto& with : results) {
+      if (!with.ran || with.precision != Precision::fp16_mixed || !with.loss_scaling) continue;
+      for (const auto& without : results) {
+        if (!without.ran || without.model != with.model || without.precision != Precision::fp16_mixed || without.loss_scaling)
+          continue;
+        double cost = with.stats.step_ms.median - without.stats.step_ms.median;
+        double fraction = cost / with.stats.step_ms.median;
+        std::cout << "GradScaler cost, " << with.model << ": " << amplab::fixed(cost, 3) << " ms per step = "
+                  << percent(fraction, 2) << " of the fp16-mixed step ("
+                  << (config.train.optimizer.fused ? "fused SGD: inf check and skip stay on the device"
+                                                   : "SGD not fused: step() waits for the GPU to decide the skip")
+                  << ")\n";
+        scaler_json[with.model] = {{"ms", cost}, {"fraction", fraction}};
+      }
     }
 
     // 3. Why fp16 needs loss scaling.
