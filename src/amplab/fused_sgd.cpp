@@ -26,6 +26,17 @@ void FusedSGD::step_with_amp_scaling(const std::optional<torch::Tensor>& grad_sc
   fused_step(grad_scale, found_inf);
 }
 
+void FusedSGD::set_lr(double lr) {
+  torch::Device device = torch::kCPU;
+  for (auto& group : param_groups()) {
+    group.options().set_lr(lr);
+    if (!group.params().empty()) device = group.params().front().device();
+  }
+  if (!device.is_cuda()) return;  // the CPU kernel reads the number each step; no graphs there
+  if (!lr_on_device_.defined()) lr_on_device_ = torch::empty({}, torch::dtype(torch::kFloat32).device(device));
+  lr_on_device_.fill_(lr);
+}
+
 void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf) {
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
@@ -52,8 +63,12 @@ void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const 
       }
     }
     if (params.empty()) continue;
-    at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), options.lr(), options.dampening(),
-                    options.nesterov(), /*maximize=*/false, first_step, grad_scale, found_inf);
+    if (lr_on_device_.defined() && lr_on_device_.device() == params.front().device())
+      at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), lr_on_device_,
+                      options.dampening(), options.nesterov(), /*maximize=*/false, first_step, grad_scale, found_inf);
+    else
+      at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), options.lr(),
+                      options.dampening(), options.nesterov(), /*maximize=*/false, first_step, grad_scale, found_inf);
   }
 }
 

@@ -25,8 +25,14 @@ class FusedSGD : public torch::optim::SGD, public AmpScalingOptimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
 
+  // Sets every group's learning rate. On a GPU the value also goes into a device tensor that the
+  // kernel reads from then on, so that a step captured in a CUDA graph follows a schedule (a
+  // plain number would be frozen into the graph). Once called, change the rate only through it.
+  void set_lr(double lr);
+
  private:
   void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf);
+  torch::Tensor lr_on_device_;  // 0-dim float32 on the parameters' GPU, after set_lr (undefined before)
 };
 
 }  // namespace amplab

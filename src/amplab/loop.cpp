@@ -143,6 +143,10 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
   const std::string tag_prefix = options.tag.empty() ? "" : "[" + options.tag + "] ";
   const int64_t accumulation = config.accumulation_steps;
 
+  // Optimizer steps of the whole run (every epoch has the same batches): the linear schedule's length.
+  int64_t run_steps = config.epochs * ((data.batches_per_epoch() + accumulation - 1) / accumulation);
+  if (config.max_steps > 0) run_steps = std::min<int64_t>(run_steps, config.max_steps);
+
   for (int64_t epoch = position.epoch; epoch < config.epochs; ++epoch) {
     data.set_epoch(epoch);
     const int64_t batches = data.batches_per_epoch();
@@ -192,6 +196,8 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     while (next < batches) {
       const int64_t group = std::min(accumulation, batches - next);
       StepResult step;
+      if (config.optimizer.schedule != "constant")  // set before the step: a graph reads it on the device
+        set_learning_rate(trainer.optimizer(), scheduled_lr(config.optimizer, trainer.global_step(), run_steps));
       try {
         step = graphed ? graphed->step(data, next)
                        : trainer.step(group, [&](int64_t i) { return data.batch(next + i); });

@@ -1,5 +1,7 @@
 #include "amplab/trainer.hpp"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "amplab/device.hpp"
@@ -23,6 +25,20 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch:
     return std::make_unique<torch::optim::AdamW>(
         parameters, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
   throw Error("train.optimizer.name: '" + c.name + "' is not allowed; use one of: sgd, adam, adamw");
+}
+
+double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
+  if (config.schedule == "constant") return config.lr;
+  if (config.schedule != "linear")
+    throw Error("train.optimizer.schedule: '" + config.schedule + "' is not allowed; use one of: constant, linear");
+  if (total_steps < 1) throw Error("scheduled_lr: the run has no steps");
+  double left = 1.0 - static_cast<double>(std::clamp<int64_t>(step, 0, total_steps)) / static_cast<double>(total_steps);
+  return config.lr * left;
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  if (auto* fused = dynamic_cast<FusedSGD*>(&optimizer)) return fused->set_lr(lr);
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
 namespace {

@@ -27,6 +27,7 @@ struct OptimizerConfig {
   double beta2 = 0.999;       // adam/adamw
   double eps = 1e-8;          // adam/adamw
   bool fused = false;         // sgd: PyTorch's fused kernel (one launch; device-side fp16 skip)
+  std::string schedule = "constant";  // constant | linear: lr falls linearly towards 0 over the run's steps
 
   template <class V>
   void fields(V& v) {
@@ -38,8 +39,18 @@ struct OptimizerConfig {
     v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
     v.field("eps", eps, "Adam epsilon", Range<double>::positive());
     v.field("fused", fused, "SGD: one fused kernel for all parameters (needed for CUDA graphs with fp16)");
+    v.choice("schedule", schedule, {"constant", "linear"},
+             "learning rate per step: constant, or linear = lr * (1 - step / total steps of the run)");
   }
 };
+
+// The learning rate of optimizer step `step` (0-based) of a run of `total_steps` steps: lr for
+// "constant"; lr * (1 - step / total_steps) for "linear" (PyTorch's LambdaLR with that lambda).
+double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps);
+
+// Sets the learning rate of every parameter group; FusedSGD also updates its device copy, which a
+// captured CUDA graph reads.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
                                                         const OptimizerConfig& config);

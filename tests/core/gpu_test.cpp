@@ -150,6 +150,44 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
   }
 }
 
+// A schedule under a graph: set_learning_rate before each replay reaches the captured fused SGD
+// kernel (through its device copy of the rate), so the graph follows the same rates as eager steps.
+TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(2);
+  auto eager_net = std::make_shared<Mlp>(), graph_net = std::make_shared<Mlp>();
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < eager_net->parameters().size(); ++i) graph_net->parameters()[i].copy_(eager_net->parameters()[i]);
+  }
+  eager_net->to(kGpu);
+  graph_net->to(kGpu);
+  TrainConfig config;
+  config.precision = Precision::bf16_mixed;
+  config.optimizer.lr = 0.05;
+  config.optimizer.momentum = 0.9;
+  config.optimizer.fused = true;
+  config.optimizer.schedule = "linear";
+  auto loss_of = [](std::shared_ptr<Mlp> net) {
+    return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
+  };
+  Trainer eager(eager_net, loss_of(eager_net), config, kGpu), graphed(graph_net, loss_of(graph_net), config, kGpu);
+  GraphedTrainStep graph(graphed);
+  const int steps = 8;
+  for (int step = 0; step < steps; ++step) {
+    Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
+    double lr = scheduled_lr(config.optimizer, step, steps);
+    set_learning_rate(eager.optimizer(), lr);
+    set_learning_rate(graphed.optimizer(), lr);
+    auto e = eager.step(1, [&](int64_t) { return b; });
+    auto g = graph.step(b);
+    EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+  }
+  EXPECT_TRUE(graph.captured());
+  for (size_t i = 0; i < eager_net->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_close(graph_net->parameters()[i], eager_net->parameters()[i], 1e-4, 1e-5)) << "parameter " << i;
+}
+
 // ---- Memory levers on the GPU ---------------------------------------------------------------------
 
 // Lifts a memory cap when the test ends, whatever happens.

@@ -197,6 +197,51 @@ TEST(Loop, RaggedLastGroupIsAShorterGroup) {
   EXPECT_EQ(trainer.global_step(), 4);
 }
 
+// train.optimizer.schedule=linear: fit() sets lr * (1 - step / total steps) before every step, so
+// the run equals stepping by hand with those rates, to the bit (plain and fused SGD).
+TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
+  OptimizerConfig rates;
+  rates.lr = 0.2;
+  EXPECT_DOUBLE_EQ(scheduled_lr(rates, 5, 10), 0.2);  // constant
+  rates.schedule = "linear";
+  EXPECT_DOUBLE_EQ(scheduled_lr(rates, 0, 10), 0.2);
+  EXPECT_DOUBLE_EQ(scheduled_lr(rates, 5, 10), 0.1);
+  EXPECT_DOUBLE_EQ(scheduled_lr(rates, 9, 10), 0.2 * 0.1);
+  rates.schedule = "cosine";
+  EXPECT_TRUE(test::throws_with([&] { scheduled_lr(rates, 0, 10); }, {"train.optimizer.schedule", "constant, linear"}));
+
+  for (bool fused : {false, true}) {
+    torch::manual_seed(0);
+    ToyData data(32);
+    auto scheduled = std::make_shared<Net>(), by_hand = std::make_shared<Net>();
+    {
+      torch::NoGradGuard g;
+      for (size_t i = 0; i < scheduled->parameters().size(); ++i)
+        by_hand->parameters()[i].copy_(scheduled->parameters()[i]);
+    }
+    auto config = sgd_config(4, 1);
+    config.epochs = 2;
+    config.optimizer.fused = fused;
+    config.optimizer.schedule = "linear";
+    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU);
+    TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, /*shuffle=*/false, false), torch::kCPU);
+    ASSERT_EQ(fit(trainer, batches, quiet_options()).status, FitStatus::completed);
+    EXPECT_DOUBLE_EQ(trainer.optimizer().param_groups()[0].options().get_lr(), 0.1 / 16);  // the last of 16 steps
+
+    auto constant = config;
+    constant.optimizer.schedule = "constant";
+    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU);
+    for (int64_t step = 0; step < 16; ++step) {
+      set_learning_rate(manual.optimizer(), 0.1 * (1.0 - static_cast<double>(step) / 16));
+      int64_t first = (step % 8) * 4;
+      manual.step(1, [&](int64_t) { return Batch{data.x.narrow(0, first, 4), data.y.narrow(0, first, 4)}; });
+    }
+    for (size_t i = 0; i < scheduled->parameters().size(); ++i)
+      EXPECT_TRUE(test::tensors_equal(scheduled->parameters()[i], by_hand->parameters()[i]))
+          << "parameter " << i << (fused ? " (fused SGD)" : " (SGD)");
+  }
+}
+
 // A run interrupted after k optimizer steps and resumed from its checkpoint ends bitwise equal to
 // an uninterrupted run: parameters, optimizer moments, loss scale, RNG (dropout) and data order.
 class ExactResume : public ::testing::TestWithParam<int> {};
