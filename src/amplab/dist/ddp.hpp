@@ -5,7 +5,7 @@
 //   auto comm = dist::make_communicator(world, config.dist, device);
 //   dist::DistributedDataParallel ddp(model, comm, config.dist);  // checks + broadcasts rank 0's weights
 //   for (each step) {
-//     optimizer.zero_grad(/*set_to_none=*/false);                 // see "Gradients are bucket views"
+//     optimizer.zero_grad();                                      // see "Where gradients live"
 //     for (micro-step m of M) {
 //       std::optional<dist::DistributedDataParallel::NoSync> local;
 //       if (m + 1 < M) local.emplace(ddp);                         // accumulate locally, no traffic
