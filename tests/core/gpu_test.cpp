@@ -114,28 +114,42 @@ TEST(GpuMemory, PhasePeaksOfAKnownMlpMatchTheAnalyticCount_CUDA) {
   EXPECT_NEAR(optimizer, 3 * weights + input, 0.1 * 3 * weights);
 }
 
+// Two copies of one randomly initialised Mlp on the GPU, for eager-versus-graph comparisons, the
+// loss they train with, and the config the graph needs (fused SGD).
+std::pair<std::shared_ptr<Mlp>, std::shared_ptr<Mlp>> twin_mlps_on_gpu(uint64_t seed) {
+  torch::manual_seed(seed);
+  auto a = std::make_shared<Mlp>(), b = std::make_shared<Mlp>();
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < a->parameters().size(); ++i) b->parameters()[i].copy_(a->parameters()[i]);
+  }
+  a->to(kGpu);
+  b->to(kGpu);
+  return {a, b};
+}
+
+LossFn cross_entropy_of(std::shared_ptr<Mlp> net) {
+  return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
+}
+
+TrainConfig graph_config(Precision precision) {
+  TrainConfig config;
+  config.precision = precision;
+  config.optimizer.lr = 0.05;
+  config.optimizer.momentum = 0.9;
+  config.optimizer.fused = true;
+  return config;
+}
+
 // Replaying the captured step gives what eager steps give (dropout-free model, same data).
 TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   for (Precision precision : {Precision::fp32, Precision::bf16_mixed, Precision::fp16_mixed}) {
     SCOPED_TRACE(to_string(precision));
-    torch::manual_seed(1);
-    auto eager_net = std::make_shared<Mlp>(), graph_net = std::make_shared<Mlp>();
-    {
-      torch::NoGradGuard g;
-      for (size_t i = 0; i < eager_net->parameters().size(); ++i) graph_net->parameters()[i].copy_(eager_net->parameters()[i]);
-    }
-    eager_net->to(kGpu);
-    graph_net->to(kGpu);
-    TrainConfig config;
-    config.precision = precision;
-    config.optimizer.lr = 0.05;
-    config.optimizer.momentum = 0.9;
-    config.optimizer.fused = true;
-    auto loss_of = [](std::shared_ptr<Mlp> net) {
-      return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
-    };
-    Trainer eager(eager_net, loss_of(eager_net), config, kGpu), graphed(graph_net, loss_of(graph_net), config, kGpu);
+    auto [eager_net, graph_net] = twin_mlps_on_gpu(1);
+    TrainConfig config = graph_config(precision);
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
     GraphedTrainStep graph(graphed);
     for (int step = 0; step < 8; ++step) {
       Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
@@ -154,24 +168,11 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
 // kernel (through its device copy of the rate), so the graph follows the same rates as eager steps.
 TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
   AMPLAB_REQUIRE_CUDA();
-  torch::manual_seed(2);
-  auto eager_net = std::make_shared<Mlp>(), graph_net = std::make_shared<Mlp>();
-  {
-    torch::NoGradGuard g;
-    for (size_t i = 0; i < eager_net->parameters().size(); ++i) graph_net->parameters()[i].copy_(eager_net->parameters()[i]);
-  }
-  eager_net->to(kGpu);
-  graph_net->to(kGpu);
-  TrainConfig config;
-  config.precision = Precision::bf16_mixed;
-  config.optimizer.lr = 0.05;
-  config.optimizer.momentum = 0.9;
-  config.optimizer.fused = true;
+  auto [eager_net, graph_net] = twin_mlps_on_gpu(2);
+  TrainConfig config = graph_config(Precision::bf16_mixed);
   config.optimizer.schedule = "linear";
-  auto loss_of = [](std::shared_ptr<Mlp> net) {
-    return [net](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target); };
-  };
-  Trainer eager(eager_net, loss_of(eager_net), config, kGpu), graphed(graph_net, loss_of(graph_net), config, kGpu);
+  Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
+  Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
   GraphedTrainStep graph(graphed);
   const int steps = 8;
   for (int step = 0; step < steps; ++step) {
@@ -196,34 +197,13 @@ struct CapGuard {
   ~CapGuard() { limit_device_memory(kGpu, 0); }
 };
 
-// A transformer's MLP block with dropout (nested Sequentials cannot go into a Sequential).
-struct GpuBlockImpl : torch::nn::Module {
-  torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::Dropout dropout{nullptr};
-  GpuBlockImpl(int64_t width, double p) {
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
-    fc1 = register_module("fc1", torch::nn::Linear(width, 4 * width));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * width, width));
-    dropout = register_module("dropout", torch::nn::Dropout(p));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(dropout(torch::gelu(fc1(norm(x))))); }
-};
-TORCH_MODULE(GpuBlock);
-
-torch::nn::Sequential gpu_blocks(int64_t depth, int64_t width, double dropout) {
-  torch::nn::Sequential seq;
-  for (int64_t i = 0; i < depth; ++i) seq->push_back(GpuBlock(width, dropout));
-  return seq;
-}
-
 // Checkpointing every block of a deep MLP stack: same gradients (CUDA's generator replayed for
 // dropout), at most half the peak memory measured by the caching allocator.
 TEST(GpuCheckpoint, SameGradientsAndLessThanHalfThePeak_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   torch::manual_seed(0);
   const int64_t depth = 12, width = 512, batch = 4096;
-  auto plain = gpu_blocks(depth, width, 0.1), ckpt = gpu_blocks(depth, width, 0.1);
+  auto plain = test::residual_mlp_blocks(depth, width, 0.1), ckpt = test::residual_mlp_blocks(depth, width, 0.1);
   {
     torch::NoGradGuard g;
     for (size_t i = 0; i < plain->parameters().size(); ++i) ckpt->parameters()[i].copy_(plain->parameters()[i]);
@@ -274,7 +254,7 @@ TEST(GpuMemory, ACapMakesAllocationsFailAsOutOfMemory_CUDA) {
 TEST(GpuBatchFinder, BracketsTheLimitUnderACap_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   torch::manual_seed(0);
-  auto net = gpu_blocks(4, 256, 0.0);
+  auto net = test::residual_mlp_blocks(4, 256, 0.0);
   net->to(kGpu);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto before = net->parameters()[0].detach().clone();

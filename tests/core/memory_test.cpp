@@ -20,30 +20,9 @@
 namespace amplab {
 namespace {
 
-// A transformer-style MLP block with dropout: what checkpointing is for.
-struct BlockImpl : torch::nn::Module {
-  torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::Dropout dropout{nullptr};
-  BlockImpl(int64_t width, double p) {
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
-    fc1 = register_module("fc1", torch::nn::Linear(width, 4 * width));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * width, width));
-    dropout = register_module("dropout", torch::nn::Dropout(p));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(dropout(torch::gelu(fc1(norm(x))))); }
-};
-TORCH_MODULE(Block);
-
-torch::nn::Sequential make_blocks(int64_t depth, int64_t width, double p) {
-  torch::nn::Sequential seq;
-  for (int64_t i = 0; i < depth; ++i) seq->push_back(Block(width, p));
-  return seq;
-}
-
 // Same parameters, a different module.
 torch::nn::Sequential copy_blocks(const torch::nn::Sequential& from, int64_t depth, int64_t width, double p) {
-  auto to = make_blocks(depth, width, p);
+  auto to = test::residual_mlp_blocks(depth, width, p);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < from->parameters().size(); ++i) to->parameters()[i].copy_(from->parameters()[i]);
   return to;
@@ -62,7 +41,7 @@ void expect_same_grads(const torch::nn::Module& got, const torch::nn::Module& wa
 TEST(ActivationCheckpoint, SequentialGradientsEqualPlainToTheBitWithDropout) {
   for (int64_t every : {1, 2, 4, 5}) {
     torch::manual_seed(0);
-    auto plain = make_blocks(5, 8, 0.3);
+    auto plain = test::residual_mlp_blocks(5, 8, 0.3);
     auto ckpt = copy_blocks(plain, 5, 8, 0.3);
     auto x = torch::randn({4, 8});
     auto x_plain = x.clone().requires_grad_(true), x_ckpt = x.clone().requires_grad_(true);
@@ -86,7 +65,7 @@ TEST(ActivationCheckpoint, SequentialGradientsEqualPlainToTheBitWithDropout) {
 
 TEST(ActivationCheckpoint, WithoutRestoringTheGeneratorDropoutGradientsAreWrong) {
   torch::manual_seed(0);
-  auto plain = make_blocks(2, 8, 0.5);
+  auto plain = test::residual_mlp_blocks(2, 8, 0.5);
   auto ckpt = copy_blocks(plain, 2, 8, 0.5);
   auto x = torch::randn({16, 8});
   torch::manual_seed(3);
@@ -142,7 +121,7 @@ TEST(ActivationCheckpoint, ManyInputsAndOutputsUnusedOutputAndParametersByModule
 // post-accumulate-grad hooks (DDP's) fire.
 TEST(ActivationCheckpoint, ParameterGradientsGoThroughAccumulateGrad) {
   torch::manual_seed(0);
-  auto blocks = make_blocks(3, 8, 0.0);
+  auto blocks = test::residual_mlp_blocks(3, 8, 0.0);
   auto x = torch::randn({4, 8});
   checkpoint_sequential(blocks, x, 1).sum().backward();
   auto once = blocks->parameters()[0].grad().clone();
@@ -169,7 +148,7 @@ TEST(ActivationCheckpoint, ParameterGradientsGoThroughAccumulateGrad) {
 // The recomputation runs under the forward's autocast state, even though backward runs outside it.
 TEST(ActivationCheckpoint, ReplaysAutocastOfTheForward) {
   torch::manual_seed(0);
-  auto plain = make_blocks(2, 8, 0.0);
+  auto plain = test::residual_mlp_blocks(2, 8, 0.0);
   auto ckpt = copy_blocks(plain, 2, 8, 0.0);
   auto x = torch::randn({4, 8});
   torch::Tensor want, got;
@@ -185,7 +164,7 @@ TEST(ActivationCheckpoint, ReplaysAutocastOfTheForward) {
 }
 
 TEST(ActivationCheckpoint, NoGradRunsTheSegmentAndInPlaceChangesAreCaught) {
-  auto blocks = make_blocks(2, 8, 0.0);
+  auto blocks = test::residual_mlp_blocks(2, 8, 0.0);
   auto x = torch::randn({4, 8});
   {
     torch::NoGradGuard no_grad;
@@ -207,7 +186,7 @@ TEST(ActivationCheckpoint, NoGradRunsTheSegmentAndInPlaceChangesAreCaught) {
 // input per block instead of about ten tensors of that size.
 TEST(ActivationCheckpoint, PeakBytesFallOnTheCpu) {
   torch::manual_seed(0);
-  auto blocks = make_blocks(8, 64, 0.0);
+  auto blocks = test::residual_mlp_blocks(8, 64, 0.0);
   auto x = torch::randn({512, 64});
   auto peak = [&](int64_t every) {
     blocks->zero_grad(/*set_to_none=*/true);

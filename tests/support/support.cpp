@@ -181,4 +181,26 @@ std::string binary_dir() {
   return dir ? dir : AMPLAB_TEST_BINARY_DIR;
 }
 
+namespace {
+struct ResidualMlpBlockImpl : torch::nn::Module {
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  ResidualMlpBlockImpl(int64_t width, double p) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+    fc1 = register_module("fc1", torch::nn::Linear(width, 4 * width));
+    fc2 = register_module("fc2", torch::nn::Linear(4 * width, width));
+    dropout = register_module("dropout", torch::nn::Dropout(p));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(dropout(torch::gelu(fc1(norm(x))))); }
+};
+TORCH_MODULE(ResidualMlpBlock);
+}  // namespace
+
+torch::nn::Sequential residual_mlp_blocks(int64_t depth, int64_t width, double dropout) {
+  torch::nn::Sequential seq;
+  for (int64_t i = 0; i < depth; ++i) seq->push_back(ResidualMlpBlock(width, dropout));
+  return seq;
+}
+
 }  // namespace amplab::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <filesystem>
@@ -50,6 +51,10 @@ class CpuAllocationCounter {
   int64_t peak() const;     // the most bytes at once since construction or reset_peak()
   void reset_peak();        // peak = current
 };
+
+// `depth` transformer-style MLP blocks, x + fc2(dropout(gelu(fc1(layer_norm(x))))) with fc1
+// widening 4x, in a Sequential: the deep stack whose activations checkpointing is for.
+torch::nn::Sequential residual_mlp_blocks(int64_t depth, int64_t width, double dropout);
 
 // The project root and the build directory (set by CMake in the test environment).
 std::string source_dir();
