@@ -10,15 +10,21 @@
 #endif
 
 #include "amplab/error.hpp"
-#include "amplab/fused_sgd.hpp"
+#include "amplab/fused_optimizer.hpp"
 
 namespace amplab {
 
 std::string cuda_graph_blocker(Trainer& trainer) {
   if (!trainer.device().is_cuda()) return "CUDA graphs need a GPU (run.device is " + trainer.device().str() + ")";
   if (trainer.config().accumulation_steps != 1) return "CUDA graphs capture one micro-batch per step: set train.accumulation_steps=1";
-  if (trainer.scaler().is_enabled() && !dynamic_cast<AmpScalingOptimizer*>(&trainer.optimizer()))
+  const bool fused = dynamic_cast<FusedOptimizer*>(&trainer.optimizer()) != nullptr;
+  const OptimizerConfig& optimizer = trainer.config().optimizer;
+  if (trainer.scaler().is_enabled() && !fused)
     return "loss scaling decides on the host unless the optimizer is fused: set train.optimizer.fused=true";
+  if (!fused && optimizer.name != "sgd")
+    return optimizer.name + " counts its steps on the host, which a graph cannot replay: use adamw with train.optimizer.fused=true";
+  if (!fused && has_schedule(optimizer))
+    return "a graph would keep the first step's learning rate: a schedule needs train.optimizer.fused=true";
   return "";
 }
 

@@ -32,9 +32,7 @@ void FusedSGD::set_lr(double lr) {
     group.options().set_lr(lr);
     if (!group.params().empty()) device = group.params().front().device();
   }
-  if (!device.is_cuda()) return;  // the CPU kernel reads the number each step; no graphs there
-  if (!lr_on_device_.defined()) lr_on_device_ = torch::empty({}, torch::dtype(torch::kFloat32).device(device));
-  lr_on_device_.fill_(lr);
+  store_lr_on_device(lr_on_device_, lr, device);
 }
 
 void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf) {

@@ -8,27 +8,17 @@
 
 #include <optional>
 
+#include "amplab/fused_optimizer.hpp"
+
 namespace amplab {
 
-// Optimizers that take the loss scale and the inf flag themselves (GradScaler::step uses this).
-class AmpScalingOptimizer {
- public:
-  virtual ~AmpScalingOptimizer() = default;
-  // grad_scale: divide gradients by it before using them (nullopt: already unscaled).
-  // found_inf: a 0-dim float tensor; when it is non-zero the step leaves everything unchanged.
-  virtual void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) = 0;
-};
-
-class FusedSGD : public torch::optim::SGD, public AmpScalingOptimizer {
+class FusedSGD : public torch::optim::SGD, public FusedOptimizer {
  public:
   FusedSGD(const std::vector<torch::Tensor>& params, torch::optim::SGDOptions options);
   torch::Tensor step(LossClosure closure = nullptr) override;
   void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
 
-  // Sets every group's learning rate. On a GPU the value also goes into a device tensor that the
-  // kernel reads from then on, so that a step captured in a CUDA graph follows a schedule (a
-  // plain number would be frozen into the graph). Once called, change the rate only through it.
-  void set_lr(double lr);
+  void set_lr(double lr) override;
 
  private:
   void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf);

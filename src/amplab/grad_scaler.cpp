@@ -131,7 +131,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   check_initialized("step");
   OptimizerState& state = per_optimizer_[&optimizer];
   if (state.stage == Stage::stepped) throw Error("GradScaler: step() has already been called since the last update()");
-  if (auto* fused = dynamic_cast<AmpScalingOptimizer*>(&optimizer)) {
+  if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) {
     // PyTorch's path for optimizers that support AMP scaling: check for infs without unscaling
     // (inverse scale 1), then hand the scale and the flag to the optimizer's kernel.
     if (state.stage == Stage::ready)

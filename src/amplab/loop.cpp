@@ -143,7 +143,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
   const std::string tag_prefix = options.tag.empty() ? "" : "[" + options.tag + "] ";
   const int64_t accumulation = config.accumulation_steps;
 
-  // Optimizer steps of the whole run (every epoch has the same batches): the linear schedule's length.
+  // Optimizer steps of the whole run (every epoch has the same batches): the schedule's length.
   int64_t run_steps = config.epochs * ((data.batches_per_epoch() + accumulation - 1) / accumulation);
   if (config.max_steps > 0) run_steps = std::min<int64_t>(run_steps, config.max_steps);
 
@@ -196,7 +196,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
     while (next < batches) {
       const int64_t group = std::min(accumulation, batches - next);
       StepResult step;
-      if (config.optimizer.schedule != "constant")  // set before the step: a graph reads it on the device
+      if (has_schedule(config.optimizer))  // set before the step: a graph reads it on the device
         set_learning_rate(trainer.optimizer(), scheduled_lr(config.optimizer, trainer.global_step(), run_steps));
       try {
         step = graphed ? graphed->step(data, next)

@@ -6,6 +6,7 @@
 
 #include "amplab/device.hpp"
 #include "amplab/error.hpp"
+#include "amplab/fused_adamw.hpp"
 #include "amplab/fused_sgd.hpp"
 #include "amplab/grad_clip.hpp"
 
@@ -18,26 +19,36 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch:
     if (c.fused) return std::make_unique<FusedSGD>(parameters, options);
     return std::make_unique<torch::optim::SGD>(parameters, options);
   }
+  if (c.fused && c.name != "adamw")
+    throw Error("train.optimizer.fused: there is no fused kernel for '" + c.name + "' here; fused works with sgd and adamw");
   if (c.name == "adam")
     return std::make_unique<torch::optim::Adam>(
         parameters, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-  if (c.name == "adamw")
-    return std::make_unique<torch::optim::AdamW>(
-        parameters, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+  if (c.name == "adamw") {
+    auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+    if (c.fused) return std::make_unique<FusedAdamW>(parameters, options);
+    return std::make_unique<torch::optim::AdamW>(parameters, options);
+  }
   throw Error("train.optimizer.name: '" + c.name + "' is not allowed; use one of: sgd, adam, adamw");
 }
 
 double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
-  if (config.schedule == "constant") return config.lr;
-  if (config.schedule != "linear")
+  if (config.schedule != "constant" && config.schedule != "linear")
     throw Error("train.optimizer.schedule: '" + config.schedule + "' is not allowed; use one of: constant, linear");
+  if (!(config.warmup >= 0 && config.warmup < 1))
+    throw Error("train.optimizer.warmup: " + std::to_string(config.warmup) + " is not allowed; use a fraction in [0, 1)");
   if (total_steps < 1) throw Error("scheduled_lr: the run has no steps");
-  double left = 1.0 - static_cast<double>(std::clamp<int64_t>(step, 0, total_steps)) / static_cast<double>(total_steps);
-  return config.lr * left;
+  step = std::clamp<int64_t>(step, 0, total_steps);
+  const auto warmup_steps = static_cast<int64_t>(config.warmup * static_cast<double>(total_steps));
+  if (step < warmup_steps) return config.lr * (static_cast<double>(step) / static_cast<double>(warmup_steps));
+  if (config.schedule == "constant") return config.lr;
+  return config.lr * (static_cast<double>(total_steps - step) / static_cast<double>(total_steps - warmup_steps));
 }
 
+bool has_schedule(const OptimizerConfig& config) { return config.schedule != "constant" || config.warmup > 0; }
+
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
-  if (auto* fused = dynamic_cast<FusedSGD*>(&optimizer)) return fused->set_lr(lr);
+  if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) return fused->set_lr(lr);
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 

@@ -26,8 +26,9 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adam/adamw
   double beta2 = 0.999;       // adam/adamw
   double eps = 1e-8;          // adam/adamw
-  bool fused = false;         // sgd: PyTorch's fused kernel (one launch; device-side fp16 skip)
+  bool fused = false;         // sgd, adamw: PyTorch's fused kernel (one launch; device-side fp16 skip)
   std::string schedule = "constant";  // constant | linear: lr falls linearly towards 0 over the run's steps
+  double warmup = 0.0;        // fraction of the run's steps over which lr first rises linearly from 0
 
   template <class V>
   void fields(V& v) {
@@ -38,18 +39,24 @@ struct OptimizerConfig {
     v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
     v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
     v.field("eps", eps, "Adam epsilon", Range<double>::positive());
-    v.field("fused", fused, "SGD: one fused kernel for all parameters (needed for CUDA graphs with fp16)");
+    v.field("fused", fused, "sgd, adamw: one fused kernel for all parameters (CUDA graphs need it for fp16, adamw, schedules)");
     v.choice("schedule", schedule, {"constant", "linear"},
-             "learning rate per step: constant, or linear = lr * (1 - step / total steps of the run)");
+             "learning rate per step after the warm-up: constant, or linear = falling to 0 at the end of the run");
+    v.field("warmup", warmup, "fraction of the run's steps over which the rate rises linearly from 0 first",
+            Range<double>::between(0, 0.5));
   }
 };
 
-// The learning rate of optimizer step `step` (0-based) of a run of `total_steps` steps: lr for
-// "constant"; lr * (1 - step / total_steps) for "linear" (PyTorch's LambdaLR with that lambda).
+// The learning rate of optimizer step `step` (0-based) of a run of `total_steps` steps, as
+// PyTorch's LambdaLR with the lambda of Hugging Face's get_linear_schedule_with_warmup: with
+// W = floor(warmup * total_steps) warm-up steps, lr * step / W before step W; after it
+// lr * (total_steps - step) / (total_steps - W) for "linear", lr for "constant".
 double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps);
+// Whether the rate changes during the run (a linear schedule or a warm-up).
+bool has_schedule(const OptimizerConfig& config);
 
-// Sets the learning rate of every parameter group; FusedSGD also updates its device copy, which a
-// captured CUDA graph reads.
+// Sets the learning rate of every parameter group; a FusedOptimizer also updates its device copy,
+// which a captured CUDA graph reads.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,

@@ -164,29 +164,60 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
   }
 }
 
-// A schedule under a graph: set_learning_rate before each replay reaches the captured fused SGD
-// kernel (through its device copy of the rate), so the graph follows the same rates as eager steps.
+// A schedule under a graph: set_learning_rate before each replay reaches the captured fused kernel
+// (through its device copy of the rate), so the graph follows the same rates as eager steps. For
+// fused AdamW the graph also advances the step counts (bias correction), and with fp16 it takes a
+// skipped step back on the device.
 TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
   AMPLAB_REQUIRE_CUDA();
-  auto [eager_net, graph_net] = twin_mlps_on_gpu(2);
-  TrainConfig config = graph_config(Precision::bf16_mixed);
-  config.optimizer.schedule = "linear";
-  Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
-  Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
-  GraphedTrainStep graph(graphed);
-  const int steps = 8;
-  for (int step = 0; step < steps; ++step) {
-    Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
-    double lr = scheduled_lr(config.optimizer, step, steps);
-    set_learning_rate(eager.optimizer(), lr);
-    set_learning_rate(graphed.optimizer(), lr);
-    auto e = eager.step(1, [&](int64_t) { return b; });
-    auto g = graph.step(b);
-    EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+  for (auto [name, precision] : {std::pair{"sgd", Precision::bf16_mixed}, {"adamw", Precision::bf16_mixed},
+                                 {"adamw", Precision::fp16_mixed}}) {
+    SCOPED_TRACE(std::string(name) + " " + to_string(precision));
+    auto [eager_net, graph_net] = twin_mlps_on_gpu(2);
+    TrainConfig config = graph_config(precision);
+    config.optimizer.name = name;
+    if (config.optimizer.name == "adamw") config.optimizer.lr = 0.01;
+    config.optimizer.schedule = "linear";
+    config.optimizer.warmup = 0.25;
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
+    GraphedTrainStep graph(graphed);
+    torch::Tensor initial = graph_net->parameters()[0].detach().clone();
+    const int steps = 8;
+    for (int step = 0; step < steps; ++step) {
+      Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
+      const bool overflow = precision == Precision::fp16_mixed && step == 3;
+      if (overflow) b.input.fill_(1e6);  // overflows fp16: a skipped step
+      double lr = scheduled_lr(config.optimizer, step, steps);
+      set_learning_rate(eager.optimizer(), lr);
+      set_learning_rate(graphed.optimizer(), lr);
+      auto e = eager.step(1, [&](int64_t) { return b; });
+      auto g = graph.step(b);
+      if (!overflow) EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+    }
+    EXPECT_TRUE(graph.captured());
+    if (precision == Precision::fp16_mixed) EXPECT_EQ(graphed.scaler().get_scale(), 32768.0);  // it did skip once
+    EXPECT_FALSE(test::tensors_equal(graph_net->parameters()[0], initial));                    // and it did step
+    EXPECT_EQ(graphed.scaler().get_scale(), eager.scaler().get_scale());
+    for (size_t i = 0; i < eager_net->parameters().size(); ++i)
+      EXPECT_TRUE(test::tensors_close(graph_net->parameters()[i], eager_net->parameters()[i], 1e-4, 1e-5)) << "parameter " << i;
   }
-  EXPECT_TRUE(graph.captured());
-  for (size_t i = 0; i < eager_net->parameters().size(); ++i)
-    EXPECT_TRUE(test::tensors_close(graph_net->parameters()[i], eager_net->parameters()[i], 1e-4, 1e-5)) << "parameter " << i;
+}
+
+// What a graph cannot replay is refused up front with the key to change, not trained wrongly.
+TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  auto [net, unused] = twin_mlps_on_gpu(3);
+  TrainConfig adamw = graph_config(Precision::bf16_mixed);
+  adamw.optimizer.name = "adamw";
+  adamw.optimizer.fused = false;
+  Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu);
+  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_adamw); }, {"train.cuda_graph", "train.optimizer.fused=true"}));
+  TrainConfig scheduled = graph_config(Precision::bf16_mixed);
+  scheduled.optimizer.fused = false;
+  scheduled.optimizer.schedule = "linear";
+  Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu);
+  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.cuda_graph", "schedule", "fused=true"}));
 }
 
 // ---- Memory levers on the GPU ---------------------------------------------------------------------

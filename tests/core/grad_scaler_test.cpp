@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "amplab/fused_adamw.hpp"
+#include "amplab/fused_sgd.hpp"
 #include "amplab/grad_clip.hpp"
 #include "amplab/grad_scaler.hpp"
 #include "amplab/precision.hpp"

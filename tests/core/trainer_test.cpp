@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
 #include "amplab/checkpoint.hpp"
 #include "amplab/loop.hpp"
+#include "amplab/signals.hpp"
 #include "amplab/trainer.hpp"
 #include "support.hpp"
 
@@ -197,7 +199,7 @@ TEST(Loop, RaggedLastGroupIsAShorterGroup) {
   EXPECT_EQ(trainer.global_step(), 4);
 }
 
-// train.optimizer.schedule=linear: fit() sets lr * (1 - step / total steps) before every step, so
+// train.optimizer.schedule=linear: fit() sets lr * (total - step) / total before every step, so
 // the run equals stepping by hand with those rates, to the bit (plain and fused SGD).
 TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
   OptimizerConfig rates;
@@ -232,7 +234,7 @@ TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
     constant.optimizer.schedule = "constant";
     Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU);
     for (int64_t step = 0; step < 16; ++step) {
-      set_learning_rate(manual.optimizer(), 0.1 * (1.0 - static_cast<double>(step) / 16));
+      set_learning_rate(manual.optimizer(), 0.1 * (static_cast<double>(16 - step) / 16));
       int64_t first = (step % 8) * 4;
       manual.step(1, [&](int64_t) { return Batch{data.x.narrow(0, first, 4), data.y.narrow(0, first, 4)}; });
     }
@@ -242,34 +244,48 @@ TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
   }
 }
 
-// A run interrupted after k optimizer steps and resumed from its checkpoint ends bitwise equal to
-// an uninterrupted run: parameters, optimizer moments, loss scale, RNG (dropout) and data order.
-class ExactResume : public ::testing::TestWithParam<int> {};
+// A run interrupted (SIGINT) after k optimizer steps and resumed from its checkpoint ends bitwise
+// equal to an uninterrupted run: parameters, optimizer moments, loss scale, RNG (dropout) and
+// data order. Twice: with Adam, and with fused AdamW under a warm-up and linear schedule (its
+// step counts live on the device and must reach the checkpoint; the rate must continue).
+class ExactResume : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
-std::vector<torch::Tensor> train_toy(int64_t max_steps, const std::string& checkpoint_dir, const std::string& resume,
-                                     int64_t every_steps) {
+// interrupt_after > 0: a SIGINT arrives during the last micro-batch of that optimizer step.
+std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string& checkpoint_dir, const std::string& resume,
+                                     bool fused_adamw) {
   at::globalContext().setDeterministicAlgorithms(true, false);
   torch::set_num_threads(1);
   torch::manual_seed(42);
   ToyData data(40);
   auto net = std::make_shared<Net>(/*dropout=*/0.3);
-  auto config = sgd_config(4, 2);  // 10 micro-batches per epoch -> 5 optimizer steps
+  auto config = sgd_config(4, 2);  // 10 micro-batches per epoch -> 5 optimizer steps, 15 in all
   config.epochs = 3;
-  config.max_steps = max_steps;
   config.loss_scaling = "on";  // the GradScaler's state must survive too
   config.grad_scaler.init_scale = 1024;
   config.grad_scaler.growth_interval = 3;
-  config.optimizer.name = "adam";
+  config.optimizer.name = fused_adamw ? "adamw" : "adam";
   config.optimizer.lr = 0.01;
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  if (fused_adamw) {
+    config.optimizer.fused = true;
+    config.optimizer.schedule = "linear";
+    config.optimizer.warmup = 0.2;
+  }
+  InterruptHandler handler;
+  int64_t micro_batches = 0;
+  LossFn loss = [&, inner = cross_entropy(net)](const Batch& batch) {
+    if (++micro_batches == 2 * interrupt_after) std::raise(SIGINT);
+    return inner(batch);
+  };
+  Trainer trainer(net, loss, config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.checkpoint_dir = checkpoint_dir;
-  options.checkpoint.every_steps = every_steps;
   options.resume = resume;
   options.data_seed = 3;
   auto result = fit(trainer, batches, options);
-  EXPECT_EQ(result.status, FitStatus::completed) << result.message;
+  clear_interrupt();
+  EXPECT_EQ(result.status, interrupt_after > 0 ? FitStatus::interrupted : FitStatus::completed) << result.message;
+  EXPECT_EQ(trainer.global_step(), interrupt_after > 0 ? interrupt_after : 15);
   std::vector<torch::Tensor> out;
   for (auto& p : net->parameters()) out.push_back(p.detach().clone());
   out.push_back(torch::tensor(trainer.scaler().get_scale()));
@@ -277,16 +293,16 @@ std::vector<torch::Tensor> train_toy(int64_t max_steps, const std::string& check
 }
 
 TEST_P(ExactResume, InterruptedAndResumedEqualsUninterrupted) {
-  const int k = GetParam();
+  const auto [k, fused_adamw] = GetParam();
   test::TempDir dir;
-  auto reference = train_toy(15, "", "", 0);
-  train_toy(k, dir.path().string(), "", k);                 // stops after k steps, checkpoint at k
-  auto resumed = train_toy(15, dir.path().string(), "latest", 0);
+  auto reference = train_toy(0, "", "", fused_adamw);
+  train_toy(k, dir.path().string(), "", fused_adamw);  // stops after k steps with a checkpoint
+  auto resumed = train_toy(0, dir.path().string(), "latest", fused_adamw);
   ASSERT_EQ(resumed.size(), reference.size());
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(test::tensors_equal(resumed[i], reference[i])) << "tensor " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(AtStep, ExactResume, ::testing::Values(1, 4, 5, 7, 12));
+INSTANTIATE_TEST_SUITE_P(AtStep, ExactResume, ::testing::Combine(::testing::Values(1, 4, 5, 7, 12), ::testing::Bool()));
 
 TEST(Loop, WritesMetricsAndStepsCsv) {
   test::TempDir dir;

@@ -1,0 +1,41 @@
+// AdamW through PyTorch's fused kernel (torch.optim.AdamW(fused=True)): one kernel updates every
+// parameter and its two moment estimates. As in PyTorch, each parameter's step count is a
+// float32 tensor next to it on the device, advanced by the step itself (and taken back when a
+// GradScaler finds an inf), so that a step captured in a CUDA graph counts its replays and
+// computes the right bias correction. Same results as PyTorch's fused AdamW, to the bit on the
+// CPU (tests/fixtures/fused_adamw_golden.json).
+//
+// Checkpoints hold torch::optim::AdamW's state, so they load into either class: save() first
+// copies the device step counts into that state, load() drops them to be rebuilt from it.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <optional>
+#include <unordered_map>
+
+#include "amplab/fused_optimizer.hpp"
+
+namespace amplab {
+
+class FusedAdamW : public torch::optim::AdamW, public FusedOptimizer {
+ public:
+  FusedAdamW(const std::vector<torch::Tensor>& params, torch::optim::AdamWOptions options);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
+  void set_lr(double lr) override;
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf);
+  // The state of `p`, created as PyTorch does on its first step (zero moments, step 0).
+  torch::optim::AdamWParamState& state_of(const torch::Tensor& p, const torch::optim::AdamWOptions& options);
+  void copy_steps_to_state() const;
+
+  std::unordered_map<c10::TensorImpl*, torch::Tensor> steps_;  // 0-dim float32 step count per parameter
+  torch::Tensor lr_on_device_;                                  // after set_lr on a GPU
+};
+
+}  // namespace amplab

@@ -1,0 +1,34 @@
+// What PyTorch's fused optimizers (torch.optim.SGD/AdamW(fused=True)) add to an optimizer: one
+// kernel for every parameter, which unscales fp16 gradients and skips an overflowed step on the
+// device, and which can read its learning rate from a device tensor. Both make a whole training
+// step capturable as a CUDA graph: no host decision, and a schedule the replays follow.
+#pragma once
+
+#include <torch/types.h>
+
+#include <optional>
+
+namespace amplab {
+
+class FusedOptimizer {
+ public:
+  virtual ~FusedOptimizer() = default;
+  // grad_scale: divide gradients by it before using them (nullopt: already unscaled).
+  // found_inf: a 0-dim float tensor; when it is non-zero the step leaves everything unchanged.
+  // GradScaler::step calls this instead of step().
+  virtual void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) = 0;
+  // Sets every group's learning rate. On a GPU the value also goes into a device tensor that the
+  // kernel reads from then on, so that a step captured in a CUDA graph follows a schedule (a
+  // plain number would be frozen into the graph). Once called, change the rate only through it.
+  virtual void set_lr(double lr) = 0;
+};
+
+// The device copy of the learning rate behind set_lr: a 0-dim float32 tensor on `device`, created
+// on first use; nothing on the CPU, whose kernels read the number each step.
+inline void store_lr_on_device(torch::Tensor& lr_on_device, double lr, const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  if (!lr_on_device.defined()) lr_on_device = torch::empty({}, torch::dtype(torch::kFloat32).device(device));
+  lr_on_device.fill_(lr);
+}
+
+}  // namespace amplab

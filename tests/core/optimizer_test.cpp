@@ -1,0 +1,154 @@
+// amplab::FusedAdamW and the learning-rate schedule against PyTorch: a recorded CPU run of
+// torch.optim.AdamW(fused=True) under a GradScaler and a LambdaLR (tests/fixtures/
+// make_fused_adamw_golden.py) replayed step by step, equal to the last bit.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "amplab/error.hpp"
+#include "amplab/fused_adamw.hpp"
+#include "amplab/grad_scaler.hpp"
+#include "amplab/trainer.hpp"
+#include "support.hpp"
+
+namespace amplab {
+namespace {
+
+torch::Tensor from_bits(const nlohmann::json& j) {
+  std::vector<int64_t> shape = j.at("shape").get<std::vector<int64_t>>();
+  std::vector<uint32_t> bits = j.at("bits").get<std::vector<uint32_t>>();
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
+  return torch::from_blob(values.data(), shape, torch::kFloat32).clone();
+}
+
+nlohmann::json load_golden() {
+  std::ifstream in(test::source_dir() + "/tests/fixtures/fused_adamw_golden.json");
+  EXPECT_TRUE(in.good()) << "missing tests/fixtures/fused_adamw_golden.json";
+  return nlohmann::json::parse(in);
+}
+
+class FusedAdamWGolden : public ::testing::TestWithParam<int> {};
+
+// One thread on both sides: the same kernels from the same libtorch run in the same order.
+TEST_P(FusedAdamWGolden, ReplaysPyTorchToTheLastBit) {
+  torch::set_num_threads(1);
+  auto golden = load_golden();
+  const auto& s = golden.at("scenarios").at(GetParam());
+  SCOPED_TRACE(s.at("name").get<std::string>());
+
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  auto params = model->parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(from_bits(s.at("initial_params")[i]));
+  }
+  torch::Tensor xs = from_bits(s.at("x")), ys = from_bits(s.at("y"));
+  auto betas = s.at("betas").get<std::vector<double>>();
+  FusedAdamW optimizer(params, torch::optim::AdamWOptions(s.at("lr").get<double>())
+                                   .betas({betas[0], betas[1]})
+                                   .weight_decay(s.at("weight_decay").get<double>())
+                                   .amsgrad(s.at("amsgrad").get<bool>()));
+  OptimizerConfig schedule;
+  schedule.lr = s.at("lr").get<double>();
+  schedule.schedule = s.at("schedule").get<std::string>();
+  schedule.warmup = s.at("warmup").get<double>();
+  GradScalerConfig scaler_config;
+  scaler_config.enabled = s.at("scaler").get<bool>();
+  scaler_config.init_scale = 256.0;
+  scaler_config.growth_interval = 3;
+  GradScaler scaler(scaler_config);
+
+  const int64_t steps = s.at("steps").get<int64_t>();
+  for (int64_t step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const double lr = scheduled_lr(schedule, step, steps);
+    EXPECT_EQ(lr, std::stod(s.at("trace")[step].at("lr").get<std::string>()));  // LambdaLR's rate, to the bit
+    optimizer.set_lr(lr);
+    optimizer.zero_grad(/*set_to_none=*/true);
+    scaler.scale(torch::mse_loss(model->forward(xs[step]), ys[step])).backward();
+    if (auto it = s.at("injections").find(std::to_string(step)); it != s.at("injections").end()) {
+      torch::NoGradGuard no_grad;
+      params[(*it)[1].get<size_t>()].grad().view(-1)[(*it)[2].get<int64_t>()] = (*it)[0] == "nan" ? NAN : INFINITY;
+    }
+    scaler.step(optimizer);
+    scaler.update();
+  }
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);  // copies the step counts into torch::optim::AdamW's state
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(params[i].unsafeGetTensorImpl()));
+    EXPECT_TRUE(test::tensors_equal(params[i], from_bits(s.at("final_params")[i])));
+    EXPECT_TRUE(test::tensors_equal(state.exp_avg(), from_bits(s.at("final_exp_avg")[i])));
+    EXPECT_TRUE(test::tensors_equal(state.exp_avg_sq(), from_bits(s.at("final_exp_avg_sq")[i])));
+    EXPECT_EQ(state.step(), s.at("final_step")[i].get<int64_t>());  // skipped steps do not count
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, FusedAdamWGolden, ::testing::Values(0, 1));
+
+TEST(Schedule, WarmupThenLinearOrConstant) {
+  OptimizerConfig c;
+  c.lr = 0.4;
+  EXPECT_FALSE(has_schedule(c));
+  c.warmup = 0.25;  // 2 of 8 steps
+  EXPECT_TRUE(has_schedule(c));
+  std::vector<double> constant, linear;
+  for (int64_t t = 0; t < 8; ++t) constant.push_back(scheduled_lr(c, t, 8));
+  c.schedule = "linear";
+  for (int64_t t = 0; t < 8; ++t) linear.push_back(scheduled_lr(c, t, 8));
+  EXPECT_EQ(constant, (std::vector<double>{0.0, 0.2, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4}));
+  EXPECT_EQ(linear, (std::vector<double>{0.0, 0.2, 0.4, 0.4 * (5.0 / 6), 0.4 * (4.0 / 6), 0.4 * (3.0 / 6), 0.4 * (2.0 / 6), 0.4 * (1.0 / 6)}));
+  c.warmup = 0.1;  // floor(0.8) = 0 warm-up steps: plain linear decay
+  EXPECT_EQ(scheduled_lr(c, 0, 8), 0.4);
+}
+
+TEST(FusedAdamW, CheckpointStateLoadsIntoPlainAdamWAndBack) {
+  torch::manual_seed(5);
+  auto w = torch::randn({6}, torch::requires_grad());
+  FusedAdamW fused({w}, torch::optim::AdamWOptions(0.1));
+  for (int i = 0; i < 3; ++i) {
+    fused.zero_grad();
+    w.pow(2).sum().backward();
+    fused.step();
+  }
+  torch::serialize::OutputArchive out;
+  fused.save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+
+  // Plain AdamW continues from the fused state exactly where fused AdamW would (same step count).
+  auto w_plain = w.detach().clone().requires_grad_(true), w_fused = w.detach().clone().requires_grad_(true);
+  torch::optim::AdamW plain({w_plain}, torch::optim::AdamWOptions(0.1));
+  FusedAdamW again({w_fused}, torch::optim::AdamWOptions(0.1));
+  for (torch::optim::Optimizer* o : {static_cast<torch::optim::Optimizer*>(&plain), static_cast<torch::optim::Optimizer*>(&again)}) {
+    torch::serialize::InputArchive in;
+    bytes.seekg(0);
+    in.load_from(bytes);
+    o->load(in);
+  }
+  for (auto [param, optimizer] : {std::pair<torch::Tensor, torch::optim::Optimizer*>{w_plain, &plain}, {w_fused, &again}}) {
+    optimizer->zero_grad();
+    param.pow(2).sum().backward();
+    optimizer->step();
+  }
+  EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*plain.state().at(w_plain.unsafeGetTensorImpl())).step(), 4);
+  EXPECT_TRUE(test::tensors_close(w_fused, w_plain, 1e-6, 1e-7));
+}
+
+TEST(FusedAdamW, OnlySgdAndAdamwHaveFusedKernels) {
+  OptimizerConfig c;
+  c.name = "adam";
+  c.fused = true;
+  auto w = torch::zeros({2}, torch::requires_grad());
+  EXPECT_TRUE(test::throws_with([&] { make_optimizer({w}, c); }, {"train.optimizer.fused", "sgd and adamw"}));
+  c.name = "adamw";
+  EXPECT_NE(dynamic_cast<FusedAdamW*>(make_optimizer({w}, c).get()), nullptr);
+}
+
+}  // namespace
+}  // namespace amplab
