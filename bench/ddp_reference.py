@@ -19,6 +19,8 @@ def main():
     p.add_argument("--batch", type=int, default=8192)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--bf16-compress", action="store_true",
+                   help="DDP communication hook bf16_compress_hook: gradients travel as bf16 (half the bytes)")
     args = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -34,6 +36,9 @@ def main():
     model = torch.nn.Sequential(*layers).to(dev)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], gradient_as_bucket_view=True)
+        if args.bf16_compress:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, fused=True)
     x = torch.randn(args.batch, args.width, device=dev)
 
@@ -57,7 +62,7 @@ def main():
     if rank == 0:
         ms = statistics.median(times)
         flops = 6 * args.batch * args.width * args.width * args.layers
-        print(f"python {'ddp' if world > 1 else 'alone'} world={world}: {ms:.2f} ms/step, "
+        print(f"python {'ddp' if world > 1 else 'alone'}{' bf16-compress' if args.bf16_compress else ''} world={world}: {ms:.2f} ms/step, "
               f"{flops / ms / 1e9:.0f} TFLOP/s per GPU, {args.batch * world / ms * 1e3:.0f} samples/s")
     if world > 1:
         dist.destroy_process_group()

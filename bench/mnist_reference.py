@@ -2,8 +2,9 @@
 """PyTorch reference for the MNIST lab: the bar the C++ version has to beat.
 
 The network is the one of pytorch/examples' mnist/main.py (two 3x3 convolutions, max-pool,
-dropout, two linear layers, log_softmax + nll_loss), trained with SGD at batch 128 on
-Fashion-MNIST (the same IDX format as MNIST; real MNIST needs scripts/fetch-mnist.sh).
+dropout, two linear layers, log_softmax + nll_loss), trained at batch 128 on Fashion-MNIST (the
+same IDX format as MNIST; real MNIST needs scripts/fetch-mnist.sh), with SGD by default or with
+the lab's AdamW and learning-rate schedule (--optimizer adamw --schedule linear --warmup 0.05).
 Each variant of the training loop is one flag, so the rows of DESIGN.md's "Reference numbers"
 table can be reproduced one at a time (bench/run_reference.sh runs them all):
 
@@ -16,6 +17,11 @@ table can be reproduced one at a time (bench/run_reference.sh runs them all):
   --cuda-graph                   the whole step (batch gather, forward, backward, SGD) as
                                  one captured torch.cuda.CUDAGraph: the best plain Python does
   --compile                      torch.compile of the model
+  --optimizer sgd|adamw          torch.optim.SGD (default, the DESIGN.md rows) or AdamW (fused on
+                                 CUDA), with --lr, --momentum (SGD), --beta2 (AdamW), --weight-decay
+  --schedule constant|linear     lr per optimizer step as the lab's train.optimizer.schedule:
+  --warmup FRACTION              W = floor(FRACTION * N) warm-up steps of N in the run, then
+                                 constant, or linear down to 0 at the end (see lr_factor)
 
 Timing: each epoch is timed with time.perf_counter() between two torch.cuda.synchronize()
 calls and covers training only (evaluation is outside). The first epoch includes warm-up
@@ -37,6 +43,7 @@ import statistics
 import struct
 import sys
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,9 +58,15 @@ MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 # Evaluation batch: pytorch/examples' --test-batch-size. Evaluation is never timed.
 TEST_BATCH = 1000
-# Eager steps run on a side stream before capture: they build the SGD momentum buffers, pick
-# the cuDNN algorithms and fill autocast's caches, none of which may happen during capture.
+# Eager steps run on a side stream before capture: they build the optimizer's state (SGD
+# momentum buffers, AdamW moments and step counts), pick the cuDNN algorithms and fill
+# autocast's caches, none of which may happen during capture. They are real training steps
+# (batches 0..2 of epoch 1, schedule steps 0..2); the capture itself runs nothing.
 GRAPH_WARMUP_STEPS = 3
+# AdamW's second-moment decay is a flag; its first-moment decay and epsilon are PyTorch's (and
+# the lab's) defaults.
+ADAMW_BETA1 = 0.9
+ADAMW_EPS = 1e-8
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,11 +204,26 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=2,
                    help="training epochs; the first includes warm-up, later ones are timed warm (default: 2)")
     p.add_argument("--batch-size", type=int, default=128, help="training batch size (default: 128)")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    p.add_argument("--fused-sgd", action="store_true",
-                   help="torch.optim.SGD(fused=True): one kernel for the update instead of PyTorch's default "
-                        "foreach kernels (cuda only)")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                   help="torch.optim.SGD, or torch.optim.AdamW (fused=True on cuda; also capturable=True with "
+                        "--cuda-graph) (default: sgd)")
+    p.add_argument("--lr", type=float, default=0.01,
+                   help="base learning rate; a --schedule / --warmup scales it per step (default: 0.01)")
+    p.add_argument("--momentum", type=float, default=None, help="SGD momentum (sgd only; default: 0.9)")
+    p.add_argument("--beta2", type=float, default=None,
+                   help=f"AdamW's second-moment decay (adamw only; default: 0.999); beta1 is {ADAMW_BETA1}, "
+                        f"eps {ADAMW_EPS}")
+    p.add_argument("--weight-decay", type=float, default=0.0,
+                   help="weight decay: an L2 term for sgd, decoupled decay for adamw (default: 0)")
+    p.add_argument("--fused", "--fused-sgd", dest="fused", action="store_true",
+                   help="sgd: torch.optim.SGD(fused=True), one kernel for the update instead of PyTorch's default "
+                        "foreach kernels (cuda only; --fused-sgd is the old name). adamw is always fused on cuda")
+    p.add_argument("--schedule", choices=["constant", "linear"], default="constant",
+                   help="learning rate per optimizer step after the warm-up: constant, or linear = falling to 0 at "
+                        "the end of the run (default: constant)")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="fraction in [0, 1) of the run's optimizer steps over which lr first rises linearly from 0 "
+                        "(default: 0)")
     p.add_argument("--drop-last", action=argparse.BooleanOptionalAction, default=None,
                    help="skip the last partial batch of each epoch (default: on with --cuda-graph, whose shapes "
                         "must be static; off otherwise)")
@@ -232,8 +260,26 @@ def parse_args(argv=None):
                 f"{torch.version.cuda}); run on a GPU machine or pass --device cpu")
     if args.precision == "tf32" and args.device != "cuda":
         p.error("--precision tf32 is a GPU precision; use fp32 on the CPU")
-    if args.fused_sgd and args.device != "cuda":
-        p.error("--fused-sgd needs --device cuda")
+    if args.fused and args.device != "cuda":
+        p.error("--fused needs --device cuda")
+    if args.optimizer == "adamw" and args.momentum is not None:
+        p.error("--momentum is SGD's; AdamW's momentum is beta1 (fixed at 0.9) and --beta2")
+    if args.optimizer == "sgd" and args.beta2 is not None:
+        p.error("--beta2 is AdamW's; pass --optimizer adamw")
+    if args.momentum is None and args.optimizer == "sgd":
+        args.momentum = 0.9
+    if args.beta2 is None and args.optimizer == "adamw":
+        args.beta2 = 0.999
+    if not args.lr > 0:
+        p.error("--lr must be positive")
+    if args.momentum is not None and not 0 <= args.momentum < 1:
+        p.error("--momentum must be in [0, 1)")
+    if args.beta2 is not None and not 0 <= args.beta2 < 1:
+        p.error("--beta2 must be in [0, 1)")
+    if not args.weight_decay >= 0:
+        p.error("--weight-decay must be at least 0")
+    if not 0 <= args.warmup < 1:
+        p.error("--warmup is a fraction of the run's steps, in [0, 1)")
     if args.cuda_graph:
         if args.device != "cuda":
             p.error("--cuda-graph needs --device cuda")
@@ -248,6 +294,9 @@ def parse_args(argv=None):
             p.error("--cuda-graph with fp16-mixed is not supported: GradScaler reads its found-inf flag on the "
                     "host to decide whether to step, a sync a CUDA graph cannot capture; use bf16-mixed "
                     "(no loss scaling needed) or fp32")
+        if has_schedule(args) and args.optimizer == "sgd" and not args.fused:
+            p.error("--cuda-graph with --schedule linear / --warmup and SGD needs --fused: the captured step must "
+                    "read lr from a device tensor, and only the fused SGD kernel does (foreach SGD reads it on the host)")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -257,6 +306,25 @@ def parse_args(argv=None):
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
     return args
+
+
+def has_schedule(args):
+    """Whether lr changes during the run (the lab's has_schedule): a linear schedule or a warm-up."""
+    return args.schedule != "constant" or args.warmup > 0
+
+
+def lr_factor(step, total_steps, schedule, warmup):
+    """The factor of the base lr at optimizer step `step` (0-based) of a run of `total_steps` steps,
+    as the lab's scheduled_lr (src/amplab/trainer.cpp) and Hugging Face's
+    get_linear_schedule_with_warmup: with W = floor(warmup * total_steps), step / W while
+    step < W (step 0 trains with lr 0); then 1 (constant) or (total - step) / (total - W)
+    (linear), which reaches 0 after the last step."""
+    warmup_steps = int(warmup * total_steps)
+    if step < warmup_steps:
+        return step / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
 
 
 def apply_precision_flags(precision):
@@ -274,13 +342,41 @@ def apply_precision_flags(precision):
 # device tensor so that no step waits for the GPU to report its loss.
 
 class Trainer:
-    """Model, optimizer, autocast and scaler: what every runner shares."""
+    """Model, optimizer (and lr schedule), autocast and scaler: what every runner shares."""
 
-    def __init__(self, args, model, device):
+    def __init__(self, args, model, device, total_steps):
         self.model = model                          # the module that trains (maybe compiled)
         self.device = device
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                         fused=True if args.fused_sgd else None)
+        cuda = device.type == "cuda"
+        # With a CUDA graph and a schedule, lr is a 0-dim float32 tensor on the device (the fused
+        # kernels read a tensor lr as float): the captured step reads it on every replay, and the
+        # scheduler overwrites it in place between replays. Elsewhere lr is a Python float.
+        self.lr_tensor = args.cuda_graph and has_schedule(args)
+        lr = torch.tensor(args.lr, dtype=torch.float32, device=device) if self.lr_tensor else args.lr
+        if args.optimizer == "sgd":
+            self.fused, self.capturable = args.fused, False
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                                             weight_decay=args.weight_decay, fused=True if self.fused else None)
+        else:
+            # Adam's step refuses to be captured unless capturable=True (state and bias
+            # corrections stay on the device); fused keeps its step counts there anyway.
+            self.fused, self.capturable = cuda, args.cuda_graph
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(ADAMW_BETA1, args.beta2),
+                                               eps=ADAMW_EPS, weight_decay=args.weight_decay,
+                                               fused=True if self.fused else None, capturable=self.capturable)
+        # LambdaLR(factor of step t): it sets lr(0) now and lr(t + 1) at its t-th step(), called
+        # after every optimizer step (skipped fp16 steps included, as the lab counts them). With a
+        # tensor lr it writes in place (lr_scheduler._update_param_group_val: fill_), so a
+        # captured graph sees each new value. None when lr is constant: the path of DESIGN.md.
+        self.total_steps = total_steps
+        self.warmup_steps = int(args.warmup * total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda t: lr_factor(t, total_steps, args.schedule, args.warmup)) \
+            if has_schedule(args) else None
+        if self.scheduler is not None and args.precision == "fp16-mixed":
+            # GradScaler may skip the very first optimizer.step() (an fp16 overflow at the initial
+            # scale); LambdaLR then warns that it stepped first. Counting it is deliberate.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
         self.autocast_dtype = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
         # A disabled GradScaler passes everything through, so fp32/bf16 share fp16's code path.
         self.scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16-mixed")
@@ -301,7 +397,34 @@ class Trainer:
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)            # with fp16: unscale, skip the step on inf/NaN
         self.scaler.update()
+        self.advance_schedule()
         self.loss_sum.add_(loss.detach(), alpha=y.size(0))
+
+    def advance_schedule(self):
+        """After each optimizer step: lr of the next step (no host sync with a tensor lr)."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def describe_optimizer(self, args):
+        """(one line for the header, a dict for the JSON) of the optimizer and schedule."""
+        if args.optimizer == "sgd":
+            line = f"SGD lr {args.lr} momentum {args.momentum}"
+        else:
+            line = f"AdamW lr {args.lr} betas ({ADAMW_BETA1}, {args.beta2}) eps {ADAMW_EPS}"
+        line += f" weight decay {args.weight_decay}" if args.weight_decay else ""
+        kinds = [k for k, on in (("fused", self.fused), ("capturable", self.capturable),
+                                 ("device lr tensor", self.lr_tensor)) if on]
+        line += f" ({', '.join(kinds)})" if kinds else ""
+        if self.scheduler is not None:
+            line += (f", {args.schedule} schedule, warm-up {self.warmup_steps} of {self.total_steps} steps"
+                     f" ({args.warmup:g})")
+        info = {"name": args.optimizer, "lr": args.lr, "momentum": args.momentum,
+                "betas": [ADAMW_BETA1, args.beta2] if args.optimizer == "adamw" else None,
+                "eps": ADAMW_EPS if args.optimizer == "adamw" else None, "weight_decay": args.weight_decay,
+                "fused": self.fused, "capturable": self.capturable, "lr_tensor": self.lr_tensor,
+                "schedule": args.schedule, "warmup": args.warmup, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps, "description": line}
+        return line, info
 
 
 class DataLoaderEpochs:
@@ -361,6 +484,13 @@ class GraphEpochs:
     eager warm-up steps on a side stream, then gradients set to None so that the captured
     backward allocates them in the graph's private pool (and writes rather than accumulates).
     Dropout stays random: the graph advances the CUDA generator's offset on every replay.
+
+    Learning-rate schedule: the captured optimizer step reads lr from a 0-dim device tensor
+    (Trainer.lr_tensor), which the LambdaLR overwrites in place on the current stream after
+    every warm-up step and every replay, so each replay sees its own step's lr with no host
+    sync. The warm-up steps are training steps and take schedule steps 0..2 like any other
+    step; the capture runs nothing and takes none; so step t of the run, eager or replayed,
+    trains with lr(t), as in the lab (whose warm-up steps are real steps too).
     """
 
     def __init__(self, trainer, args, train_x, train_y):
@@ -395,15 +525,18 @@ class GraphEpochs:
         t = self.trainer
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), warnings.catch_warnings():
+            # AdamW(capturable=True) warns when it steps outside a capture: these steps must.
+            warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             for _ in range(GRAPH_WARMUP_STEPS):      # real training steps on batches 0..2
                 t.optimizer.zero_grad(set_to_none=True)
                 self.captured_step()
+                t.advance_schedule()                 # lr(1), lr(2), lr(3): the first replay is step 3
         torch.cuda.current_stream().wait_stream(side)
         t.optimizer.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):          # recorded, not run: the cursor stays at 3
-            self.captured_step()
+        with torch.cuda.graph(self.graph):          # recorded, not run: the cursor stays at 3,
+            self.captured_step()                    # and the schedule is not stepped
 
     def __call__(self, epoch):
         t = self.trainer
@@ -419,6 +552,7 @@ class GraphEpochs:
             done = GRAPH_WARMUP_STEPS
         for _ in range(done, self.steps):
             self.graph.replay()
+            t.advance_schedule()                    # in place, ordered after the replay on this stream
         return self.steps * self.batches.size(1), t.loss_sum
 
 
@@ -482,7 +616,13 @@ def main(argv=None):
     # Training goes through the compiled module; evaluation through the eager one (same
     # parameters), so switching to eval mode does not recompile.
     train_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
-    trainer = Trainer(args, train_model, device)
+    # Optimizer steps per epoch, the same in every runner, and of the run: the schedule's length.
+    n, b = train_y.size(0), args.batch_size
+    steps_per_epoch = n // b if args.drop_last else -(-n // b)
+    if steps_per_epoch == 0:
+        sys.exit(f"error: {n} training samples make no full batch of {b} with --drop-last; raise --limit")
+    trainer = Trainer(args, train_model, device, total_steps=args.epochs * steps_per_epoch)
+    optimizer_line, optimizer_info = trainer.describe_optimizer(args)
     runner_class = GraphEpochs if args.cuda_graph else {"dataloader": DataLoaderEpochs,
                                                         "resident": ResidentEpochs}[args.loader]
     runner = runner_class(trainer, args, train_x, train_y)
@@ -491,7 +631,7 @@ def main(argv=None):
         f" compile({args.compile_mode})" if args.compile else "")
     print(f"mnist reference: {variant}, {device_name(device)}, torch {torch.__version__}, "
           f"{args.dataset} from {data_dir} ({train_y.size(0)} train / {test_y.size(0)} test), "
-          f"batch {args.batch_size}, SGD lr {args.lr} momentum {args.momentum}, "
+          f"batch {args.batch_size}, {optimizer_line}, "
           f"{torch.get_num_threads()} CPU threads", flush=True)
 
     model.train()
@@ -543,6 +683,7 @@ def main(argv=None):
             "train_samples": train_y.size(0),
             "test_samples": test_y.size(0),
             "steps_per_epoch": steps,
+            "optimizer": optimizer_info,
             "epochs": epochs,
             "first_epoch_s": epochs[0]["seconds"],
             "warm_epoch_s": warm_s,  # median of epochs 2..N; null with --epochs 1
