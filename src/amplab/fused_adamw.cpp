@@ -24,6 +24,11 @@ void FusedAdamW::step_with_amp_scaling(const std::optional<torch::Tensor>& grad_
   fused_step(grad_scale, found_inf);
 }
 
+void FusedAdamW::step_parameters(const std::vector<torch::Tensor>& params) {
+  ParameterSubset only = subset_of(params);
+  fused_step(std::nullopt, std::nullopt, &only);
+}
+
 void FusedAdamW::set_lr(double lr) {
   torch::Device device = torch::kCPU;
   for (auto& group : param_groups()) {
@@ -47,13 +52,14 @@ torch::optim::AdamWParamState& FusedAdamW::state_of(const torch::Tensor& p, cons
   return static_cast<torch::optim::AdamWParamState&>(*it->second);
 }
 
-void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf) {
+void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
+                            const ParameterSubset* only) {
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
     auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
     for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
+      if (!p.grad().defined() || (only && !only->count(p.unsafeGetTensorImpl()))) continue;
       auto& state = state_of(p, options);
       torch::Tensor& step = steps_[p.unsafeGetTensorImpl()];
       if (!step.defined())  // first step, or the first after load(): the count comes from the state

@@ -24,12 +24,14 @@ class FusedAdamW : public torch::optim::AdamW, public FusedOptimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
   void set_lr(double lr) override;
+  void step_parameters(const std::vector<torch::Tensor>& params) override;
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
-  void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf);
+  void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
+                  const ParameterSubset* only = nullptr);
   // The state of `p`, created as PyTorch does on its first step (zero moments, step 0).
   torch::optim::AdamWParamState& state_of(const torch::Tensor& p, const torch::optim::AdamWOptions& options);
   void copy_steps_to_state() const;

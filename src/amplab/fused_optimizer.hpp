@@ -7,6 +7,8 @@
 #include <torch/types.h>
 
 #include <optional>
+#include <unordered_set>
+#include <vector>
 
 namespace amplab {
 
@@ -21,7 +23,19 @@ class FusedOptimizer {
   // kernel reads from then on, so that a step captured in a CUDA graph follows a schedule (a
   // plain number would be frozen into the graph). Once called, change the rate only through it.
   virtual void set_lr(double lr) = 0;
+  // A step of these parameters only (each one of the optimizer's), without loss scaling: the same
+  // update they get from a whole step, since every parameter is updated on its own. DDP steps each
+  // bucket with it as soon as the bucket's all-reduce is done (Trainer::step, dist/ddp.hpp).
+  virtual void step_parameters(const std::vector<torch::Tensor>& params) = 0;
 };
+
+// The parameters of a step_parameters call, as the set fused_step filters on (nullptr: all).
+using ParameterSubset = std::unordered_set<const c10::TensorImpl*>;
+inline ParameterSubset subset_of(const std::vector<torch::Tensor>& params) {
+  ParameterSubset subset;
+  for (const auto& p : params) subset.insert(p.unsafeGetTensorImpl());
+  return subset;
+}
 
 // The device copy of the learning rate behind set_lr: a 0-dim float32 tensor on `device`, created
 // on first use; nothing on the CPU, whose kernels read the number each step.

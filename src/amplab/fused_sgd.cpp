@@ -26,6 +26,11 @@ void FusedSGD::step_with_amp_scaling(const std::optional<torch::Tensor>& grad_sc
   fused_step(grad_scale, found_inf);
 }
 
+void FusedSGD::step_parameters(const std::vector<torch::Tensor>& params) {
+  ParameterSubset only = subset_of(params);
+  fused_step(std::nullopt, std::nullopt, &only);
+}
+
 void FusedSGD::set_lr(double lr) {
   torch::Device device = torch::kCPU;
   for (auto& group : param_groups()) {
@@ -35,14 +40,15 @@ void FusedSGD::set_lr(double lr) {
   store_lr_on_device(lr_on_device_, lr, device);
 }
 
-void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf) {
+void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
+                          const ParameterSubset* only) {
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
     auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, buffers;
     bool first_step = false;
     for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
+      if (!p.grad().defined() || (only && !only->count(p.unsafeGetTensorImpl()))) continue;
       params.push_back(p);
       grads.push_back(p.grad());
       if (options.momentum() != 0) {

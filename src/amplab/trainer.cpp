@@ -76,6 +76,18 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const
   optimizer_ = make_optimizer(parameters_, config_.optimizer);
 }
 
+bool Trainer::steps_each_bucket() {
+  if (!step_each_bucket_) {
+    std::vector<torch::Tensor> trained;
+    for (const auto& group : optimizer_->param_groups())
+      for (const auto& p : group.params())
+        if (p.requires_grad()) trained.push_back(p);
+    step_each_bucket_ = dynamic_cast<FusedOptimizer*>(optimizer_.get()) != nullptr && !scaler_.is_enabled() &&
+                        config_.grad_clip_norm <= 0 && sync_->can_step_each_bucket(trained);
+  }
+  return *step_each_bucket_;
+}
+
 void Trainer::enter(Phase phase) {
   phase_ = phase;
   memory_.begin(phase);
@@ -111,12 +123,20 @@ StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>
   // 3. Optimizer step: wait for the gradient all-reduce (DDP), unscale (fp16), clip, step unless
   //    an inf/NaN was found, adjust the loss scale, clear the gradients.
   enter(Phase::optimizer);
-  if (sync_) sync_->finish();
-  scaler_.unscale_(*optimizer_);
-  if (config_.grad_clip_norm > 0) result.grad_norm = clip_grad_norm_(parameters_, config_.grad_clip_norm);
-  scaler_.step(*optimizer_);
-  if (scaler_.is_enabled()) result.skipped = scaler_.found_inf().clamp_max(1.0);
-  scaler_.update();
+  if (sync_ && steps_each_bucket()) {
+    // DDP with a fused optimizer, no loss scaling and no clipping (nothing needs all gradients
+    // first): each bucket's parameters are updated as soon as its all-reduce is done, while the
+    // later buckets are still on the wire. The same update as one step over all parameters.
+    auto& fused = dynamic_cast<FusedOptimizer&>(*optimizer_);
+    sync_->finish_stepping_each_bucket([&](const std::vector<torch::Tensor>& params) { fused.step_parameters(params); });
+  } else {
+    if (sync_) sync_->finish();
+    scaler_.unscale_(*optimizer_);
+    if (config_.grad_clip_norm > 0) result.grad_norm = clip_grad_norm_(parameters_, config_.grad_clip_norm);
+    scaler_.step(*optimizer_);
+    if (scaler_.is_enabled()) result.skipped = scaler_.found_inf().clamp_max(1.0);
+    scaler_.update();
+  }
   optimizer_->zero_grad(/*set_to_none=*/true);  // backward then writes fresh gradients instead of adding to zeros
 
   memory_.end_step(global_step_);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,15 @@ class GradientSync {
   virtual void before_forward() {}                       // e.g. broadcast buffers from rank 0
   virtual void before_backward(bool reduce_after_this) = 0;  // false inside an accumulation group
   virtual void finish() = 0;                             // wait for all-reduces; grads averaged
+  // Whether finish_stepping_each_bucket may update `params` (the optimizer's): all of them are
+  // reduced in buckets, and the user has not turned it off.
+  virtual bool can_step_each_bucket(const std::vector<torch::Tensor>& /*params*/) { return false; }
+  // finish(), but calling step_bucket(parameters) for each bucket as soon as its gradients are
+  // averaged, so that updating early buckets overlaps the all-reduce of later ones.
+  virtual void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) {
+    finish();
+    (void)step_bucket;
+  }
 };
 
 struct StepResult {
@@ -146,13 +156,17 @@ class Trainer {
   int64_t global_step() const { return global_step_; }  // optimizer steps taken (skipped ones too)
   void set_global_step(int64_t step) { global_step_ = step; }
   Phase current_phase() const { return phase_; }
-  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  void set_gradient_sync(GradientSync* sync) {
+    sync_ = sync;
+    step_each_bucket_.reset();
+  }
   // Autocast keeps fp16/bf16 copies of weights for the forward pass; a CUDA graph capture must not
   // (cuda_graph.cpp turns it off while capturing).
   void set_autocast_cache(bool enabled) { autocast_cache_ = enabled; }
 
  private:
   void enter(Phase phase);
+  bool steps_each_bucket();  // see step(): DDP may update each bucket as soon as it is reduced
 
   std::shared_ptr<torch::nn::Module> model_;
   LossFn loss_fn_;
@@ -164,6 +178,7 @@ class Trainer {
   MemoryTracker memory_;
   Tf32Guard tf32_;  // TF32 only for precision tf32 (fp32 means IEEE fp32 matmuls and convolutions)
   GradientSync* sync_ = nullptr;
+  std::optional<bool> step_each_bucket_;  // decided at the first synchronized step
   Phase phase_ = Phase::other;
   bool autocast_cache_ = true;
   int64_t global_step_ = 0;

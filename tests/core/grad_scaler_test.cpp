@@ -341,7 +341,9 @@ TEST(FusedSgd, MatchesPlainSgdUnderTheScalerAndSkipsOnTheDevice) {
     a.step(sgd);
     b.step(fused_sgd);
     EXPECT_EQ(b.found_inf().item<double>(), step == 2 ? 1.0 : 0.0);
-    if (step == 2) EXPECT_TRUE(test::tensors_equal(fused->weight, before));
+    if (step == 2) {
+      EXPECT_TRUE(test::tensors_equal(fused->weight, before));
+    }
     a.update();
     b.update();
     EXPECT_EQ(a.get_scale(), b.get_scale());

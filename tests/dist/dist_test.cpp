@@ -420,6 +420,15 @@ TEST(Ddp, AccumulationUnderNoSyncEqualsSyncingEveryMicroStep) {
   EXPECT_TRUE(all_ranks_ok(o, 2, "accumulation with no_sync = without"));
 }
 
+// With a fused optimizer the trainer updates each bucket as soon as it is reduced (3 ranks: the
+// average is not a power of two): same parameters, to the bit, as one step after all buckets.
+TEST(Ddp, TrainerStepsEachBucketAsItArrivesWithTheSameResult) {
+  Outcome o = launch(3, {"step_each_bucket"});
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  for (const char* optimizer : {"sgd", "adamw"})
+    EXPECT_TRUE(all_ranks_ok(o, 3, std::string("fused ") + optimizer + ": each bucket stepped as soon as it is reduced = one step after all"));
+}
+
 TEST(Ddp, UnusedParametersAndTheOneBackwardRule) {
   Outcome o = launch(2, {"unused"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -459,6 +468,9 @@ TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
   Outcome accumulate = launch(2, {"accumulate", "--nccl"}, 120);
   ASSERT_EQ(accumulate.exit_code, 0) << accumulate.output;
   EXPECT_TRUE(all_ranks_ok(accumulate, 2, "accumulation with no_sync = without"));
+  Outcome each = launch(2, {"step_each_bucket", "--nccl"}, 120);
+  ASSERT_EQ(each.exit_code, 0) << each.output;
+  EXPECT_TRUE(all_ranks_ok(each, 2, "fused adamw: each bucket stepped as soon as it is reduced = one step after all"));
   Outcome unused = launch(2, {"unused", "--nccl"}, 120);
   ASSERT_EQ(unused.exit_code, 0) << unused.output;
   EXPECT_TRUE(all_ranks_ok(unused, 2, "a parameter unused on all ranks"));

@@ -18,7 +18,9 @@
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/ddp.hpp"
 #include "amplab/dist/world.hpp"
+#include "amplab/dist/trainer_sync.hpp"
 #include "amplab/error.hpp"
+#include "amplab/trainer.hpp"
 
 namespace {
 
@@ -339,6 +341,52 @@ int ddp() {
   return 0;
 }
 
+// Trainer::step under DDP with a fused optimizer (and neither loss scaling nor clipping) updates
+// each bucket's parameters as soon as its all-reduce is done; with dist.step_each_bucket=false it
+// waits for all buckets and takes one step. Same parameters, to the bit.
+std::pair<torch::Tensor, DistributedDataParallel::Stats> train_with_trainer(
+    const std::shared_ptr<dist::Communicator>& comm, const std::string& optimizer, bool step_each_bucket) {
+  const int W = comm->size(), r = comm->rank();
+  torch::manual_seed(100 + r);
+  auto model = std::make_shared<Mlp>();
+  model->to(g_device);
+  dist::DistConfig config;
+  config.bucket_mb = kTinyBucketMb;
+  config.step_each_bucket = step_each_bucket;
+  DistributedDataParallel ddp(model, comm, config);
+  TrainConfig train;
+  train.optimizer.name = optimizer;
+  train.optimizer.fused = true;
+  train.optimizer.lr = optimizer == "sgd" ? kLr : 0.01;
+  train.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
+  train.progress = false;
+  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device);
+  dist::DdpGradientSync sync(ddp);
+  dist::attach(trainer, sync, comm);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step, W, 1);
+    Batch mine{on_device(x.narrow(0, r * kMicroBatch, kMicroBatch)), on_device(y.narrow(0, r * kMicroBatch, kMicroBatch))};
+    trainer.step(1, [&](int64_t) { return mine; });
+  }
+  return {flat_params(*model), ddp.stats()};
+}
+
+int step_each_bucket() {
+  auto comm = connect();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    auto [each, each_stats] = train_with_trainer(comm, optimizer, true);
+    auto [once, once_stats] = train_with_trainer(comm, optimizer, false);
+    expect(each_stats.buckets_handed_over == kSteps * 3 && once_stats.buckets_handed_over == 0,
+           "fused " + optimizer + ": the trainer steps each of the 3 buckets as it arrives only when asked to",
+           std::to_string(each_stats.buckets_handed_over) + " and " + std::to_string(once_stats.buckets_handed_over));
+    expect_same_result(each, once, "fused " + optimizer + ": stepping each bucket = one step after all buckets");
+    expect_same_on_all_ranks(*comm, each, "fused " + optimizer + ": parameters equal on all ranks");
+    ok("fused " + optimizer + ": each bucket stepped as soon as it is reduced = one step after all");
+  }
+  comm->shutdown();
+  return 0;
+}
+
 int accumulate() {
   auto comm = connect();
   const int W = comm->size();
@@ -550,6 +598,7 @@ int run(int argc, char** argv) {
   if (scenario == "collectives") return collectives();
   if (scenario == "ddp") return ddp();
   if (scenario == "accumulate") return accumulate();
+  if (scenario == "step_each_bucket") return step_each_bucket();
   if (scenario == "unused") return unused();
   if (scenario == "mismatch") return mismatch();
   auto arg = [&](size_t i, const std::string& fallback) { return args.size() > i ? args[i] : fallback; };

@@ -74,7 +74,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     : module_(std::move(module)),
       comm_(std::move(comm)),
       overlap_(config.overlap),
-      broadcast_buffers_(config.broadcast_buffers) {
+      broadcast_buffers_(config.broadcast_buffers),
+      step_each_bucket_(config.step_each_bucket) {
   if (!module_ || !comm_) throw Error("DistributedDataParallel needs a module and a communicator");
   torch::NoGradGuard no_grad;
 
@@ -244,7 +245,18 @@ void DistributedDataParallel::launch(size_t index, bool during_backward) {
   bucket.work = comm_->all_reduce_mean({bucket.flat.defined() ? bucket.flat : slots_[bucket.slots[0]].param.mutable_grad()});
 }
 
-void DistributedDataParallel::finish_gradient_sync() {
+bool DistributedDataParallel::reduces_all_of(const std::vector<torch::Tensor>& params) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& p : params) {
+    bool found = false;
+    for (const auto& slot : slots_) found = found || slot.param.is_same(p);
+    if (!found) return false;
+  }
+  return true;
+}
+
+void DistributedDataParallel::finish_gradient_sync(
+    const std::function<void(const std::vector<torch::Tensor>&)>& after_each_bucket) {
   if (!sync_enabled_) return;
   std::lock_guard<std::mutex> lock(mutex_);
   torch::NoGradGuard no_grad;
@@ -281,11 +293,19 @@ void DistributedDataParallel::finish_gradient_sync() {
   for (auto& bucket : buckets_) {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
+    std::vector<torch::Tensor> params;
+    for (size_t k : bucket.slots) {
+      Slot& slot = slots_[k];
+      // A parameter without a gradient this step still has .grad = none: give it its slice, so
+      // every rank steps every parameter.
+      if (slot.view.defined() && !is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
+      params.push_back(slot.param);
+    }
+    if (after_each_bucket) {
+      after_each_bucket(params);
+      ++stats_.buckets_handed_over;
+    }
   }
-  // Parameters without a gradient this step still have .grad = none: give them their slice, so
-  // every rank steps every parameter.
-  for (auto& slot : slots_)
-    if (slot.view.defined() && !is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
   ++stats_.syncs;
   reset_step();
 }

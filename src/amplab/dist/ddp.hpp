@@ -25,7 +25,12 @@
 // asynchronously, while backward goes on computing earlier layers. finish_gradient_sync() sends
 // what is left and waits for everything. With overlap=false all buckets go at finish time (to
 // measure what overlap buys). Buckets always launch in the same order on every rank, which
-// collectives require.
+// collectives require. finish_gradient_sync(after_each_bucket) also hands each bucket's
+// parameters to a callback as soon as that bucket is reduced: with a fused optimizer and neither
+// loss scaling nor clipping, Trainer::step updates them there (DistConfig::step_each_bucket), so
+// the update of the early buckets runs while the last one (the first layer's gradient, ready only
+// at the end of backward) is still on the wire. Each parameter gets the update it would get from
+// one step over all of them.
 //
 // Where gradients live. A parameter alone in its bucket (any parameter larger than the cap,
 // such as a big weight) keeps its own .grad, which is all-reduced in place: autograd writes the
@@ -56,6 +61,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,7 +98,15 @@ class DistributedDataParallel {
   // trainable parameter's .grad holding the average over ranks. Call after backward and before
   // GradScaler's unscale, gradient clipping and the optimizer step. Inside no_sync() it does
   // nothing (the gradients stay local until the next synchronized backward).
-  void finish_gradient_sync();
+  // after_each_bucket: called with each bucket's parameters, in launch order, as soon as the
+  // current CUDA stream has been made to wait for that bucket (the CPU backend: once it is done),
+  // so that work queued in it (the optimizer update of those parameters) runs while later
+  // buckets are still being reduced. Every parameter's .grad is final when it is called.
+  void finish_gradient_sync(const std::function<void(const std::vector<torch::Tensor>&)>& after_each_bucket = {});
+  // Whether every tensor of `params` is a parameter this DDP reduces.
+  bool reduces_all_of(const std::vector<torch::Tensor>& params) const;
+  // DistConfig::step_each_bucket, for DdpGradientSync.
+  bool step_each_bucket() const { return step_each_bucket_; }
 
   // While alive, backward only accumulates into .grad locally; the next backward outside it
   // all-reduces the accumulated gradients once. For gradient-accumulation micro-steps.
@@ -116,6 +130,7 @@ class DistributedDataParallel {
     int64_t buckets_at_finish = 0;         // all-reduces launched by finish_gradient_sync()
     int64_t grad_copies = 0;               // fresh .grad tensors copied into their bucket (set_to_none)
     int64_t unused_parameters = 0;         // parameter-steps without a gradient on this rank
+    int64_t buckets_handed_over = 0;       // buckets passed to finish_gradient_sync's after_each_bucket
   };
   Stats stats() const;
   // The parameter names of each bucket, in launch order (the last layer's first).
@@ -136,6 +151,7 @@ class DistributedDataParallel {
   std::shared_ptr<Communicator> comm_;
   bool overlap_;
   bool broadcast_buffers_;
+  bool step_each_bucket_;
   std::vector<torch::Tensor> buffers_;
 
   mutable std::mutex mutex_;  // the hooks run on autograd's thread (the device thread for CUDA)

@@ -26,6 +26,13 @@ class DdpGradientSync : public GradientSync {
     local_.reset();
     ddp_.finish_gradient_sync();
   }
+  bool can_step_each_bucket(const std::vector<torch::Tensor>& params) override {
+    return ddp_.step_each_bucket() && ddp_.reduces_all_of(params);
+  }
+  void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) override {
+    local_.reset();
+    ddp_.finish_gradient_sync(step_bucket);
+  }
 
  private:
   DistributedDataParallel& ddp_;

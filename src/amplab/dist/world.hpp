@@ -57,6 +57,8 @@ struct DistConfig {
   double bucket_mb = 25;                 // MiB of gradients all-reduced together (PyTorch's bucket_cap_mb)
   bool overlap = true;                   // all-reduce each bucket as soon as its gradients are ready
   bool broadcast_buffers = true;         // copy rank 0's buffers (e.g. BatchNorm stats) before each forward
+  bool step_each_bucket = true;          // fused optimizer, no loss scaling, no clipping: update each bucket
+                                         // as soon as its all-reduce is done (Trainer::step)
 
   template <class V>
   void fields(V& v) {
@@ -66,6 +68,9 @@ struct DistConfig {
     v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
     v.field("broadcast_buffers", broadcast_buffers, "broadcast rank 0's module buffers before each forward");
+    v.field("step_each_bucket", step_each_bucket,
+            "with a fused optimizer and neither loss scaling nor clipping, update each bucket's parameters as soon as "
+            "its all-reduce is done (same result, the update overlaps the later all-reduces)");
   }
 };
 
