@@ -158,12 +158,13 @@ def plot_memory(run_dir):
 
 
 def plot_ddp(run_dir):
-    path = os.path.join(run_dir, "scaling.csv")
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(run_dir, "summary.json")):
         return
-    rows = read_csv(path)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar([r["setting"] for r in rows], [float(r["step_ms"]) for r in rows], color="#4c72b0")
+    rows = load_summary(run_dir).get("bench", [])
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.bar([r["setting"].replace(", ", ",\n") for r in rows], [float(r["step_ms"]) for r in rows], color="#4c72b0")
     ax.set_ylabel("ms per step")
     ax.set_title("DDP: time per step")
     save(fig, run_dir, "ddp_scaling.png")
@@ -173,7 +174,11 @@ def main():
     if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp"}:
         print(__doc__, file=sys.stderr)
         return 2
-    {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp}[sys.argv[1]](sys.argv[2])
+    try:
+        {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp}[sys.argv[1]](sys.argv[2])
+    except (OSError, KeyError, ValueError, TypeError) as e:  # a run directory the plots cannot read
+        print(f"plot.py: cannot plot {sys.argv[1]} from {sys.argv[2]}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
