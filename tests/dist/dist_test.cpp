@@ -193,11 +193,13 @@ TEST(World, BadOrMissingVariablesNameTheVariableAndItsRange) {
 
 TEST(DistConfig, YamlKeysDefaultsAndErrors) {
   dist::DistConfig config;
-  ConfigSource::parse("backend: cpu\nbucket_mb: 0.5\noverlap: false\n", "dist.yaml").bind(config);
+  ConfigSource::parse("backend: cpu\nbucket_mb: 0.5\noverlap: false\nstep_each_bucket: false\n", "dist.yaml").bind(config);
   EXPECT_EQ(config.backend, dist::Backend::cpu);
   EXPECT_EQ(config.bucket_mb, 0.5);
   EXPECT_FALSE(config.overlap);
+  EXPECT_FALSE(config.step_each_bucket);
   EXPECT_TRUE(config.broadcast_buffers);
+  EXPECT_TRUE(config.nccl_high_priority);
   EXPECT_EQ(config.timeout_s, 300);
   dist::DistConfig bad;
   EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("backend: gloo\n", "dist.yaml").bind(bad); },

@@ -59,6 +59,7 @@ struct DistConfig {
   bool broadcast_buffers = true;         // copy rank 0's buffers (e.g. BatchNorm stats) before each forward
   bool step_each_bucket = true;          // fused optimizer, no loss scaling, no clipping: update each bucket
                                          // as soon as its all-reduce is done (Trainer::step)
+  bool nccl_high_priority = true;        // NCCL's stream at high priority (TORCH_NCCL_HIGH_PRIORITY=1)
 
   template <class V>
   void fields(V& v) {
@@ -68,6 +69,9 @@ struct DistConfig {
     v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
     v.field("broadcast_buffers", broadcast_buffers, "broadcast rank 0's module buffers before each forward");
+    v.field("nccl_high_priority", nccl_high_priority,
+            "run NCCL's kernels on a high-priority CUDA stream, so that an all-reduce is not queued behind "
+            "backward's kernels (PyTorch: TORCH_NCCL_HIGH_PRIORITY=1)");
     v.field("step_each_bucket", step_each_bucket,
             "with a fused optimizer and neither loss scaling nor clipping, update each bucket's parameters as soon as "
             "its all-reduce is done (same result, the update overlaps the later all-reduces)");
