@@ -7,37 +7,6 @@
 
 namespace amplab {
 
-FusedAdamW::FusedAdamW(const std::vector<torch::Tensor>& params, torch::optim::AdamWOptions options)
-    : torch::optim::AdamW(params, options) {}
-
-torch::Tensor FusedAdamW::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable(true);
-    loss = closure();
-  }
-  fused_step(std::nullopt, std::nullopt);
-  return loss;
-}
-
-void FusedAdamW::step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) {
-  fused_step(grad_scale, found_inf);
-}
-
-void FusedAdamW::step_parameters(const std::vector<torch::Tensor>& params) {
-  ParameterSubset only = subset_of(params);
-  fused_step(std::nullopt, std::nullopt, &only);
-}
-
-void FusedAdamW::set_lr(double lr) {
-  torch::Device device = torch::kCPU;
-  for (auto& group : param_groups()) {
-    group.options().set_lr(lr);
-    if (!group.params().empty()) device = group.params().front().device();
-  }
-  store_lr_on_device(lr_on_device_, lr, device);
-}
-
 torch::optim::AdamWParamState& FusedAdamW::state_of(const torch::Tensor& p, const torch::optim::AdamWOptions& options) {
   auto key = p.unsafeGetTensorImpl();
   auto it = state_.find(key);
@@ -59,7 +28,7 @@ void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, cons
     auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
     for (auto& p : group.params()) {
-      if (!p.grad().defined() || (only && !only->count(p.unsafeGetTensorImpl()))) continue;
+      if (!in_step(p, only)) continue;
       auto& state = state_of(p, options);
       torch::Tensor& step = steps_[p.unsafeGetTensorImpl()];
       if (!step.defined())  // first step, or the first after load(): the count comes from the state
@@ -74,8 +43,8 @@ void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, cons
     if (params.empty()) continue;
     auto [beta1, beta2] = options.betas();
     at::_foreach_add_(steps, 1);  // PyTorch counts first, then steps with the new count
-    if (lr_on_device_.defined() && lr_on_device_.device() == params.front().device())
-      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr_on_device_, beta1, beta2,
+    if (auto lr = lr_on(params.front().device()))
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *lr, beta1, beta2,
                         options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale, found_inf);
     else
       at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options.lr(), beta1, beta2,

@@ -11,33 +11,27 @@
 
 #include <torch/optim/adamw.h>
 
-#include <optional>
 #include <unordered_map>
 
 #include "amplab/fused_optimizer.hpp"
 
 namespace amplab {
 
-class FusedAdamW : public torch::optim::AdamW, public FusedOptimizer {
+class FusedAdamW : public FusedOptimizerOf<torch::optim::AdamW> {
  public:
-  FusedAdamW(const std::vector<torch::Tensor>& params, torch::optim::AdamWOptions options);
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
-  void set_lr(double lr) override;
-  void step_parameters(const std::vector<torch::Tensor>& params) override;
+  using FusedOptimizerOf<torch::optim::AdamW>::FusedOptimizerOf;
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
   void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
-                  const ParameterSubset* only = nullptr);
+                  const ParameterSubset* only) override;
   // The state of `p`, created as PyTorch does on its first step (zero moments, step 0).
   torch::optim::AdamWParamState& state_of(const torch::Tensor& p, const torch::optim::AdamWOptions& options);
   void copy_steps_to_state() const;
 
   std::unordered_map<c10::TensorImpl*, torch::Tensor> steps_;  // 0-dim float32 step count per parameter
-  torch::Tensor lr_on_device_;                                  // after set_lr on a GPU
 };
 
 }  // namespace amplab

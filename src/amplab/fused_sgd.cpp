@@ -8,36 +8,8 @@
 namespace amplab {
 
 FusedSGD::FusedSGD(const std::vector<torch::Tensor>& params, torch::optim::SGDOptions options)
-    : torch::optim::SGD(params, options) {
+    : FusedOptimizerOf<torch::optim::SGD>(params, options) {
   if (options.nesterov()) throw Error("train.optimizer: fused SGD is used without Nesterov momentum here");
-}
-
-torch::Tensor FusedSGD::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable(true);
-    loss = closure();
-  }
-  fused_step(std::nullopt, std::nullopt);
-  return loss;
-}
-
-void FusedSGD::step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) {
-  fused_step(grad_scale, found_inf);
-}
-
-void FusedSGD::step_parameters(const std::vector<torch::Tensor>& params) {
-  ParameterSubset only = subset_of(params);
-  fused_step(std::nullopt, std::nullopt, &only);
-}
-
-void FusedSGD::set_lr(double lr) {
-  torch::Device device = torch::kCPU;
-  for (auto& group : param_groups()) {
-    group.options().set_lr(lr);
-    if (!group.params().empty()) device = group.params().front().device();
-  }
-  store_lr_on_device(lr_on_device_, lr, device);
 }
 
 void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
@@ -48,7 +20,7 @@ void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const 
     std::vector<torch::Tensor> params, grads, buffers;
     bool first_step = false;
     for (auto& p : group.params()) {
-      if (!p.grad().defined() || (only && !only->count(p.unsafeGetTensorImpl()))) continue;
+      if (!in_step(p, only)) continue;
       params.push_back(p);
       grads.push_back(p.grad());
       if (options.momentum() != 0) {
@@ -67,8 +39,8 @@ void FusedSGD::fused_step(const std::optional<torch::Tensor>& grad_scale, const 
       }
     }
     if (params.empty()) continue;
-    if (lr_on_device_.defined() && lr_on_device_.device() == params.front().device())
-      at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), lr_on_device_,
+    if (auto lr = lr_on(params.front().device()))
+      at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), *lr,
                       options.dampening(), options.nesterov(), /*maximize=*/false, first_step, grad_scale, found_inf);
     else
       at::_fused_sgd_(params, grads, buffers, options.weight_decay(), options.momentum(), options.lr(),

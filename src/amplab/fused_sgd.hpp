@@ -6,25 +6,17 @@
 
 #include <torch/optim/sgd.h>
 
-#include <optional>
-
 #include "amplab/fused_optimizer.hpp"
 
 namespace amplab {
 
-class FusedSGD : public torch::optim::SGD, public FusedOptimizer {
+class FusedSGD : public FusedOptimizerOf<torch::optim::SGD> {
  public:
   FusedSGD(const std::vector<torch::Tensor>& params, torch::optim::SGDOptions options);
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void step_with_amp_scaling(const std::optional<torch::Tensor>& grad_scale, const torch::Tensor& found_inf) override;
-
-  void set_lr(double lr) override;
-  void step_parameters(const std::vector<torch::Tensor>& params) override;
 
  private:
   void fused_step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf,
-                  const ParameterSubset* only = nullptr);
-  torch::Tensor lr_on_device_;  // 0-dim float32 on the parameters' GPU, after set_lr (undefined before)
+                  const ParameterSubset* only) override;
 };
 
 }  // namespace amplab

@@ -17,19 +17,6 @@
 namespace amplab {
 namespace {
 
-torch::Tensor from_bits(const nlohmann::json& j) {
-  std::vector<int64_t> shape = j.at("shape").get<std::vector<int64_t>>();
-  std::vector<uint32_t> bits = j.at("bits").get<std::vector<uint32_t>>();
-  std::vector<float> values(bits.size());
-  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
-  return torch::from_blob(values.data(), shape, torch::kFloat32).clone();
-}
-
-nlohmann::json load_golden() {
-  std::ifstream in(test::source_dir() + "/tests/fixtures/grad_scaler_golden.json");
-  EXPECT_TRUE(in.good()) << "missing tests/fixtures/grad_scaler_golden.json";
-  return nlohmann::json::parse(in);
-}
 
 // The same model as the Python script: Linear(8,16) -> ReLU -> Linear(16,4).
 struct Mlp : torch::nn::Module {
@@ -47,7 +34,7 @@ class GradScalerGolden : public ::testing::TestWithParam<int> {};
 // operation happens in the same order.
 TEST_P(GradScalerGolden, ReplaysPyTorchToTheLastBit) {
   torch::set_num_threads(1);
-  auto golden = load_golden();
+  auto golden = test::load_fixture("grad_scaler_golden.json");
   const auto& s = golden.at("scenarios").at(GetParam());
   SCOPED_TRACE(s.at("name").get<std::string>());
 
@@ -55,9 +42,9 @@ TEST_P(GradScalerGolden, ReplaysPyTorchToTheLastBit) {
   auto params = model->parameters();
   {
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(from_bits(s.at("initial_params")[i]));
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(test::tensor_from_bits(s.at("initial_params")[i]));
   }
-  torch::Tensor xs = from_bits(s.at("x")), ys = from_bits(s.at("y"));
+  torch::Tensor xs = test::tensor_from_bits(s.at("x")), ys = test::tensor_from_bits(s.at("y"));
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.05).momentum(0.9));
   GradScalerConfig config;
   config.init_scale = s.at("init_scale").get<double>();
@@ -90,7 +77,7 @@ TEST_P(GradScalerGolden, ReplaysPyTorchToTheLastBit) {
     EXPECT_EQ(scaler.growth_tracker(), expected.at("growth_tracker").get<int64_t>());
   }
   for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_TRUE(test::tensors_equal(params[i], from_bits(s.at("final_params")[i]))) << "parameter " << i;
+    EXPECT_TRUE(test::tensors_equal(params[i], test::tensor_from_bits(s.at("final_params")[i]))) << "parameter " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, GradScalerGolden, ::testing::Values(0, 1, 2, 3));

@@ -17,26 +17,13 @@
 namespace amplab {
 namespace {
 
-torch::Tensor from_bits(const nlohmann::json& j) {
-  std::vector<int64_t> shape = j.at("shape").get<std::vector<int64_t>>();
-  std::vector<uint32_t> bits = j.at("bits").get<std::vector<uint32_t>>();
-  std::vector<float> values(bits.size());
-  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
-  return torch::from_blob(values.data(), shape, torch::kFloat32).clone();
-}
-
-nlohmann::json load_golden() {
-  std::ifstream in(test::source_dir() + "/tests/fixtures/fused_adamw_golden.json");
-  EXPECT_TRUE(in.good()) << "missing tests/fixtures/fused_adamw_golden.json";
-  return nlohmann::json::parse(in);
-}
 
 class FusedAdamWGolden : public ::testing::TestWithParam<int> {};
 
 // One thread on both sides: the same kernels from the same libtorch run in the same order.
 TEST_P(FusedAdamWGolden, ReplaysPyTorchToTheLastBit) {
   torch::set_num_threads(1);
-  auto golden = load_golden();
+  auto golden = test::load_fixture("fused_adamw_golden.json");
   const auto& s = golden.at("scenarios").at(GetParam());
   SCOPED_TRACE(s.at("name").get<std::string>());
 
@@ -44,9 +31,9 @@ TEST_P(FusedAdamWGolden, ReplaysPyTorchToTheLastBit) {
   auto params = model->parameters();
   {
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(from_bits(s.at("initial_params")[i]));
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(test::tensor_from_bits(s.at("initial_params")[i]));
   }
-  torch::Tensor xs = from_bits(s.at("x")), ys = from_bits(s.at("y"));
+  torch::Tensor xs = test::tensor_from_bits(s.at("x")), ys = test::tensor_from_bits(s.at("y"));
   auto betas = s.at("betas").get<std::vector<double>>();
   FusedAdamW optimizer(params, torch::optim::AdamWOptions(s.at("lr").get<double>())
                                    .betas({betas[0], betas[1]})
@@ -82,9 +69,9 @@ TEST_P(FusedAdamWGolden, ReplaysPyTorchToTheLastBit) {
   for (size_t i = 0; i < params.size(); ++i) {
     SCOPED_TRACE("parameter " + std::to_string(i));
     auto& state = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(params[i].unsafeGetTensorImpl()));
-    EXPECT_TRUE(test::tensors_equal(params[i], from_bits(s.at("final_params")[i])));
-    EXPECT_TRUE(test::tensors_equal(state.exp_avg(), from_bits(s.at("final_exp_avg")[i])));
-    EXPECT_TRUE(test::tensors_equal(state.exp_avg_sq(), from_bits(s.at("final_exp_avg_sq")[i])));
+    EXPECT_TRUE(test::tensors_equal(params[i], test::tensor_from_bits(s.at("final_params")[i])));
+    EXPECT_TRUE(test::tensors_equal(state.exp_avg(), test::tensor_from_bits(s.at("final_exp_avg")[i])));
+    EXPECT_TRUE(test::tensors_equal(state.exp_avg_sq(), test::tensor_from_bits(s.at("final_exp_avg_sq")[i])));
     EXPECT_EQ(state.step(), s.at("final_step")[i].get<int64_t>());  // skipped steps do not count
   }
 }

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -174,6 +175,20 @@ std::string TempDir::write(const std::string& name, const std::string& content) 
 std::string source_dir() {
   const char* dir = std::getenv("AMPLAB_SOURCE_DIR");
   return dir ? dir : AMPLAB_SOURCE_DIR;
+}
+
+nlohmann::json load_fixture(const std::string& name) {
+  std::ifstream in(source_dir() + "/tests/fixtures/" + name);
+  if (!in) throw std::runtime_error("missing tests/fixtures/" + name);
+  return nlohmann::json::parse(in);
+}
+
+torch::Tensor tensor_from_bits(const nlohmann::json& stored) {
+  std::vector<int64_t> shape = stored.at("shape").get<std::vector<int64_t>>();
+  std::vector<uint32_t> bits = stored.at("bits").get<std::vector<uint32_t>>();
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
+  return torch::from_blob(values.data(), shape, torch::kFloat32).clone();
 }
 
 std::string binary_dir() {

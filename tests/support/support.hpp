@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace amplab::test {
@@ -58,6 +59,11 @@ torch::nn::Sequential residual_mlp_blocks(int64_t depth, int64_t width, double d
 
 // The project root and the build directory (set by CMake in the test environment).
 std::string source_dir();
+
+// A JSON fixture of tests/fixtures (written by the PyTorch scripts next to it), and a float32
+// tensor stored there as {"shape": [...], "bits": [IEEE-754 bit patterns]}.
+nlohmann::json load_fixture(const std::string& name);
+torch::Tensor tensor_from_bits(const nlohmann::json& stored);
 std::string binary_dir();
 
 // The lab binary built from the same variant as this graded test binary ("mnist", "ddp-starter"):
