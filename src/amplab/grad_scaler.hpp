@@ -63,7 +63,7 @@ class GradScaler {
   // Unscales if unscale_ was not called, then runs optimizer.step() unless an inf/NaN was found.
   // Returns whether the optimizer stepped (reading found_inf synchronises with the device, which
   // the decision needs). Disabled: always steps and returns true.
-  // An FusedOptimizer (fused_optimizer.hpp) gets the scale and the inf flag instead and decides on
+  // A FusedOptimizer (fused_optimizer.hpp) gets the scale and the inf flag instead and decides on
   // the device, as PyTorch does for fused optimizers: no host sync, and step() returns true
   // after queuing it; found_inf() tells what happened.
   bool step(torch::optim::Optimizer& optimizer);

@@ -35,8 +35,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch:
 double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
   if (config.schedule != "constant" && config.schedule != "linear")
     throw Error("train.optimizer.schedule: '" + config.schedule + "' is not allowed; use one of: constant, linear");
-  if (!(config.warmup >= 0 && config.warmup < 1))
-    throw Error("train.optimizer.warmup: " + std::to_string(config.warmup) + " is not allowed; use a fraction in [0, 1)");
+  if (!(config.warmup >= 0 && config.warmup <= 0.5))
+    throw Error("train.optimizer.warmup: " + std::to_string(config.warmup) + " is not allowed; use a fraction in [0, 0.5]");
   if (total_steps < 1) throw Error("scheduled_lr: the run has no steps");
   step = std::clamp<int64_t>(step, 0, total_steps);
   const auto warmup_steps = static_cast<int64_t>(config.warmup * static_cast<double>(total_steps));

@@ -123,11 +123,9 @@ class GradientSync {
   // reduced in buckets, and the user has not turned it off.
   virtual bool can_step_each_bucket(const std::vector<torch::Tensor>& /*params*/) { return false; }
   // finish(), but calling step_bucket(parameters) for each bucket as soon as its gradients are
-  // averaged, so that updating early buckets overlaps the all-reduce of later ones.
-  virtual void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) {
-    finish();
-    (void)step_bucket;
-  }
+  // averaged, so that updating early buckets overlaps the all-reduce of later ones. Called only
+  // when can_step_each_bucket said yes.
+  virtual void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) = 0;
 };
 
 struct StepResult {

@@ -293,15 +293,15 @@ void DistributedDataParallel::finish_gradient_sync(
   for (auto& bucket : buckets_) {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
-    std::vector<torch::Tensor> params;
     for (size_t k : bucket.slots) {
       Slot& slot = slots_[k];
       // A parameter without a gradient this step still has .grad = none: give it its slice, so
       // every rank steps every parameter.
       if (slot.view.defined() && !is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
-      params.push_back(slot.param);
     }
     if (after_each_bucket) {
+      std::vector<torch::Tensor> params;
+      for (size_t k : bucket.slots) params.push_back(slots_[k].param);
       after_each_bucket(params);
       ++stats_.buckets_handed_over;
     }
