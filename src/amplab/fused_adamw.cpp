@@ -5,6 +5,10 @@
 #include <ATen/ops/_fused_adamw.h>
 #include <torch/torch.h>
 
+#if AMPLAB_WITH_CUDA
+#include "amplab/cuda/fused_adamw_launch.hpp"
+#endif
+
 namespace amplab {
 
 torch::optim::AdamWParamState& FusedAdamW::state_of(const torch::Tensor& p, const torch::optim::AdamWOptions& options) {
@@ -43,7 +47,15 @@ void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, cons
     if (params.empty()) continue;
     auto [beta1, beta2] = options.betas();
     at::_foreach_add_(steps, 1);  // PyTorch counts first, then steps with the new count
-    if (auto lr = lr_on(params.front().device()))
+    auto lr = lr_on(params.front().device());
+#if AMPLAB_WITH_CUDA
+    if (cuda::can_run_fused_adamw_chunked(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)) {
+      cuda::AdamWHyper hyper{options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad()};
+      cuda::fused_adamw_chunked(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr.value_or(torch::Tensor()),
+                                hyper, grad_scale, found_inf);
+    } else
+#endif
+    if (lr)
       at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *lr, beta1, beta2,
                         options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale, found_inf);
     else

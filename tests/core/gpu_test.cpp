@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/ops/_fused_adamw.h>
+
 #include "amplab/activation_checkpoint.hpp"
+#include "amplab/cuda/fused_adamw_launch.hpp"
 #include "amplab/batch_finder.hpp"
 #include "amplab/cuda_graph.hpp"
 #include "amplab/device.hpp"
@@ -218,6 +221,92 @@ TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
   scheduled.optimizer.schedule = "linear";
   Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu);
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.cuda_graph", "schedule", "fused=true"}));
+}
+
+// ---- Fused AdamW with chunks sized to the model ---------------------------------------------------
+
+// One AdamW state: parameters, gradients, moments (and AMSGrad's maximum), step counts.
+struct AdamWTensors {
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  AdamWTensors clone() const {
+    auto copy = [](const std::vector<torch::Tensor>& v) {
+      std::vector<torch::Tensor> out;
+      for (const auto& t : v) out.push_back(t.clone());
+      return out;
+    };
+    return {copy(params), copy(grads), copy(exp_avgs), copy(exp_avg_sqs), copy(max_exp_avg_sqs), copy(steps)};
+  }
+};
+
+AdamWTensors random_adamw_state(const std::vector<int64_t>& numels, torch::ScalarType dtype, bool amsgrad) {
+  AdamWTensors s;
+  auto on_gpu = torch::dtype(dtype).device(kGpu);
+  for (int64_t n : numels) {
+    s.params.push_back(torch::randn({n}, on_gpu));
+    s.grads.push_back(torch::randn({n}, on_gpu) * 1024);
+    s.exp_avgs.push_back(torch::randn({n}, on_gpu) * 0.1);
+    s.exp_avg_sqs.push_back(torch::rand({n}, on_gpu) * 0.01);
+    if (amsgrad) s.max_exp_avg_sqs.push_back(s.exp_avg_sqs.back() + torch::rand({n}, on_gpu) * 0.01);
+    s.steps.push_back(torch::full({}, 3.0f, torch::dtype(torch::kFloat32).device(kGpu)));
+  }
+  return s;
+}
+
+void expect_lists_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::tensors_equal(a[i], b[i])) << what << " " << i;
+}
+
+// Our launcher runs PyTorch's AdamW functor over smaller chunks: every parameter, moment and
+// (unscaled) gradient must equal at::_fused_adamw_'s to the bit, with a device rate, an fp16
+// grad scale, a skipped step, AMSGrad, reduced-precision parameters, more tensors than one
+// launch holds and a tensor split across launches.
+TEST(GpuFusedAdamW, ChunkedLaunchEqualsPyTorchsKernelToTheBit_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  const std::vector<int64_t> mnist_like = {288, 32, 18432, 64, 1179648, 128, 1280, 10, 7, 65537};
+  std::vector<int64_t> many(50, 3001);
+  many.push_back(25'000'003);  // > 320 chunks of 65536: split across launches
+  struct Case {
+    const char* name;
+    std::vector<int64_t> numels;
+    torch::ScalarType dtype;
+    bool amsgrad, scaled;
+  };
+  for (const Case& c : {Case{"mnist-sized", mnist_like, torch::kFloat, false, false},
+                        Case{"grad scale", mnist_like, torch::kFloat, false, true},
+                        Case{"amsgrad", mnist_like, torch::kFloat, true, true},
+                        Case{"bf16", mnist_like, torch::kBFloat16, false, false},
+                        Case{"many and large", many, torch::kFloat, false, true}}) {
+    SCOPED_TRACE(c.name);
+    AdamWTensors ours = random_adamw_state(c.numels, c.dtype, c.amsgrad);
+    AdamWTensors theirs = ours.clone();
+    torch::Tensor initial_last = ours.params.back().clone();
+    ASSERT_TRUE(cuda::can_run_fused_adamw_chunked(ours.params, ours.grads, ours.exp_avgs, ours.exp_avg_sqs,
+                                                  ours.max_exp_avg_sqs));
+    auto lr = torch::full({}, 0.006f, torch::dtype(torch::kFloat32).device(kGpu));
+    cuda::AdamWHyper hyper{0.0, 0.9, 0.99, 0.01, 1e-8, c.amsgrad};
+    for (int step = 0; step < 3; ++step) {
+      std::optional<torch::Tensor> scale, found_inf;
+      if (c.scaled) {
+        scale = torch::full({}, 1024.0f, torch::dtype(torch::kFloat32).device(kGpu));
+        found_inf = torch::full({}, step == 1 ? 1.0f : 0.0f, torch::dtype(torch::kFloat32).device(kGpu));
+      }
+      cuda::fused_adamw_chunked(ours.params, ours.grads, ours.exp_avgs, ours.exp_avg_sqs, ours.max_exp_avg_sqs,
+                                ours.steps, lr, hyper, scale, found_inf);
+      at::_fused_adamw_(theirs.params, theirs.grads, theirs.exp_avgs, theirs.exp_avg_sqs, theirs.max_exp_avg_sqs,
+                        theirs.steps, lr, hyper.beta1, hyper.beta2, hyper.weight_decay, hyper.eps, c.amsgrad,
+                        /*maximize=*/false, scale, found_inf);
+      for (auto* s : {&ours, &theirs})
+        for (auto& t : s->steps) t.add_(1);
+    }
+    EXPECT_FALSE(test::tensors_equal(ours.params.back(), initial_last));  // it did update
+    expect_lists_equal(ours.params, theirs.params, "param");
+    expect_lists_equal(ours.grads, theirs.grads, "grad");
+    expect_lists_equal(ours.exp_avgs, theirs.exp_avgs, "exp_avg");
+    expect_lists_equal(ours.exp_avg_sqs, theirs.exp_avg_sqs, "exp_avg_sq");
+    expect_lists_equal(ours.max_exp_avg_sqs, theirs.max_exp_avg_sqs, "max_exp_avg_sq");
+  }
 }
 
 // ---- Memory levers on the GPU ---------------------------------------------------------------------

@@ -10,6 +10,9 @@
 
 #include "amplab/error.hpp"
 #include "amplab/fused_adamw.hpp"
+#if AMPLAB_WITH_CUDA
+#include "amplab/cuda/fused_adamw_launch.hpp"
+#endif
 #include "amplab/grad_scaler.hpp"
 #include "amplab/trainer.hpp"
 #include "support.hpp"
@@ -93,6 +96,17 @@ TEST(Schedule, WarmupThenLinearOrConstant) {
   c.warmup = 0.1;  // floor(0.8) = 0 warm-up steps: plain linear decay
   EXPECT_EQ(scheduled_lr(c, 0, 8), 0.4);
 }
+
+#if AMPLAB_WITH_CUDA
+// On a GPU FusedAdamW runs PyTorch's kernel over chunks sized so that one launch of at most 320
+// blocks holds the model: the MNIST network's 1.2 M parameters get 4096-element chunks (~300
+// blocks instead of 20); a model too big for that keeps PyTorch's 65536.
+TEST(FusedAdamW, ChunksAreSizedToFillTheGpu) {
+  EXPECT_EQ(cuda::adamw_chunk_size({288, 32, 18432, 64, 1179648, 128, 1280, 10}), 4096);
+  EXPECT_EQ(cuda::adamw_chunk_size({10, 7}), 2048);
+  EXPECT_EQ(cuda::adamw_chunk_size({int64_t{8192} * 8192, 8192}), 65536);
+}
+#endif
 
 TEST(FusedAdamW, CheckpointStateLoadsIntoPlainAdamWAndBack) {
   torch::manual_seed(5);
