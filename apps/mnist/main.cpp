@@ -23,6 +23,7 @@ struct MnistLabConfig {
   std::vector<std::string> amp_precisions = {"fp16-mixed", "bf16-mixed"};  // one gpu-amp run each
   int cpu_epochs = 1;             // epochs of the cpu mode (a CPU epoch takes a minute or more)
   bool channels_last = true;      // GPU modes: NHWC images and activations (faster convolutions)
+  bool fused_kernels = true;      // GPU modes: bias + ReLU (+ pool) of each convolution in one kernel
   int64_t eval_batch_size = 1000; // test-set batches
   bool plots = true;              // write PNG plots (needs matplotlib)
 
@@ -32,6 +33,7 @@ struct MnistLabConfig {
     v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode", {"fp16-mixed", "bf16-mixed"});
     v.field("cpu_epochs", cpu_epochs, "epochs of the cpu mode", amplab::Range<int64_t>::at_least(1));
     v.field("channels_last", channels_last, "GPU modes: channels-last memory format");
+    v.field("fused_kernels", fused_kernels, "GPU modes: each convolution's bias, ReLU and pool in one kernel");
     v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
     v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
   }
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
                         std::to_string(train_config.epochs) + " epoch(s) ==");
       torch::manual_seed(static_cast<uint64_t>(config.run.seed));  // the same initial weights in every mode
       mnist::Net net;
+      net->fused_kernels = config.mnist.fused_kernels;
       mnist::place_model(net, device);
       bool channels_last = config.mnist.channels_last && device.is_cuda();
       if (channels_last) amplab::to_channels_last(*net);

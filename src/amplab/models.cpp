@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "amplab/fused_layers.hpp"
+
 namespace amplab {
 
 MnistNetImpl::MnistNetImpl() {
@@ -14,6 +16,7 @@ MnistNetImpl::MnistNetImpl() {
 }
 
 torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
+  if (fused_kernels && x.is_cuda()) return forward_fused(x);
   x = torch::relu(conv1(x));                    // (N, 32, 26, 26)
   x = torch::relu(conv2(x));                    // (N, 64, 24, 24)
   x = torch::max_pool2d(x, /*kernel_size=*/2);  // (N, 64, 12, 12)
@@ -22,6 +25,17 @@ torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
   x = torch::relu(fc1(x));
   x = dropout2(x);
   x = fc2(x);                                   // (N, 10)
+  return torch::log_softmax(x, /*dim=*/1);
+}
+
+torch::Tensor MnistNetImpl::forward_fused(torch::Tensor x) {
+  x = bias_relu(torch::conv2d(x, conv1->weight), conv1->bias);            // (N, 32, 26, 26)
+  x = bias_relu_max_pool2(torch::conv2d(x, conv2->weight), conv2->bias);  // (N, 64, 12, 12)
+  x = dropout1(x);
+  x = torch::flatten(x, 1);
+  x = torch::relu(fc1(x));  // cuBLAS already adds fc1's bias inside the matrix product
+  x = dropout2(x);
+  x = fc2(x);
   return torch::log_softmax(x, /*dim=*/1);
 }
 

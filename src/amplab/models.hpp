@@ -13,7 +13,12 @@ namespace amplab {
 // log-probabilities.
 struct MnistNetImpl : torch::nn::Module {
   MnistNetImpl();
+  // On a GPU with fused_kernels, forward_fused; otherwise the textbook layers of main.py.
   torch::Tensor forward(torch::Tensor x);
+  // The same network with conv1's bias + ReLU and conv2's bias + ReLU + pool each one kernel of
+  // ours (fused_layers.hpp): the same values and gradients, in fewer and faster kernels.
+  torch::Tensor forward_fused(torch::Tensor x);
+  bool fused_kernels = true;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};         // 1 -> 32 -> 64 channels, 3x3
   torch::nn::Dropout dropout1{nullptr}, dropout2{nullptr};  // p = 0.25 after pooling, 0.5 after fc1
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};             // 9216 -> 128 -> 10

@@ -8,6 +8,8 @@
 
 #include "amplab/activation_checkpoint.hpp"
 #include "amplab/cuda/fused_adamw_launch.hpp"
+#include "amplab/fused_layers.hpp"
+#include "amplab/models.hpp"
 #include "amplab/batch_finder.hpp"
 #include "amplab/cuda_graph.hpp"
 #include "amplab/device.hpp"
@@ -196,10 +198,14 @@ TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
       set_learning_rate(graphed.optimizer(), lr);
       auto e = eager.step(1, [&](int64_t) { return b; });
       auto g = graph.step(b);
-      if (!overflow) EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+      if (!overflow) {
+        EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
+      }
     }
     EXPECT_TRUE(graph.captured());
-    if (precision == Precision::fp16_mixed) EXPECT_EQ(graphed.scaler().get_scale(), 32768.0);  // it did skip once
+    if (precision == Precision::fp16_mixed) {
+      EXPECT_EQ(graphed.scaler().get_scale(), 32768.0);  // it did skip once
+    }
     EXPECT_FALSE(test::tensors_equal(graph_net->parameters()[0], initial));                    // and it did step
     EXPECT_EQ(graphed.scaler().get_scale(), eager.scaler().get_scale());
     for (size_t i = 0; i < eager_net->parameters().size(); ++i)
@@ -307,6 +313,96 @@ TEST(GpuFusedAdamW, ChunkedLaunchEqualsPyTorchsKernelToTheBit_CUDA) {
     expect_lists_equal(ours.exp_avg_sqs, theirs.exp_avg_sqs, "exp_avg_sq");
     expect_lists_equal(ours.max_exp_avg_sqs, theirs.max_exp_avg_sqs, "max_exp_avg_sq");
   }
+}
+
+// ---- Fused bias + ReLU (+ max-pool) --------------------------------------------------------------
+
+// The layer ends both ways, from the same leaves: our kernels (fused) and PyTorch's ops (reference).
+struct LayerEnd {
+  torch::Tensor y, grad_x, grad_bias;
+};
+
+LayerEnd run_layer_end(bool pool, bool fused, const torch::Tensor& x0, const torch::Tensor& bias0, const torch::Tensor& grad_y) {
+  auto x = x0.detach().clone(at::MemoryFormat::Preserve).requires_grad_(true);
+  auto bias = bias0.detach().clone().requires_grad_(true);
+  torch::Tensor y;
+  if (fused) {
+    EXPECT_TRUE(pool ? bias_relu_max_pool2_runs_fused(x, bias) : bias_relu_runs_fused(x, bias));
+    y = pool ? bias_relu_max_pool2(x, bias) : bias_relu(x, bias);
+  } else {  // the layer's end as PyTorch runs it: the bias cast to x's dtype (autocast), add, ReLU, pool
+    std::vector<int64_t> shape(x.dim(), 1);
+    shape[1] = bias.size(0);
+    y = torch::relu(x + bias.to(x.scalar_type()).view(shape));
+    if (pool) y = torch::max_pool2d(y, 2);
+  }
+  y.backward(grad_y);
+  return {y.detach(), x.grad(), bias.grad()};
+}
+
+// Same values and input gradients as PyTorch's ops to the bit; the bias gradient (a sum in another
+// order) to within its dtype's rounding. Inputs with many ties (zeros after ReLU, equal values in
+// a window) check that the pool picks PyTorch's element.
+TEST(GpuFusedLayers, BiasReluAndPoolEqualPyTorchsOps_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int shape_case = 0; shape_case < 3; ++shape_case) {
+      const bool pool = shape_case == 0;
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (pool ? " pool" : shape_case == 1 ? " nhwc" : " 2-d"));
+      torch::Tensor x = shape_case == 2 ? torch::randn({96, 128}, kGpu)
+                                        : torch::randn({8, pool ? 64 : 32, 10, 12}, kGpu).contiguous(at::MemoryFormat::ChannelsLast);
+      x = (x * 4).round() / 4 + 0.0;  // a coarse grid: ties within pool windows (and no -0)
+      x = x.to(dtype);
+      const int64_t channels = x.size(1);
+      torch::Tensor bias = (torch::randn({channels}, kGpu) * 4).round() / 4 + 0.0;  // float32, as a layer's parameter
+      torch::Tensor y_shape = pool ? torch::empty({x.size(0), channels, x.size(2) / 2, x.size(3) / 2}) : torch::empty(x.sizes());
+      torch::Tensor grad_y = torch::randn(y_shape.sizes(), kGpu).to(dtype);  // plain NCHW: other strides than y
+      LayerEnd fused = run_layer_end(pool, true, x, bias, grad_y);
+      LayerEnd reference = run_layer_end(pool, false, x, bias, grad_y);
+      EXPECT_TRUE(test::tensors_equal(fused.y, reference.y));
+      EXPECT_TRUE(test::tensors_equal(fused.grad_x, reference.grad_x));
+      EXPECT_EQ(fused.grad_bias.scalar_type(), torch::kFloat);
+      const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+      EXPECT_TRUE(test::tensors_close(fused.grad_bias, reference.grad_bias, tol, tol));
+      EXPECT_GT(reference.grad_bias.abs().sum().item<double>(), 0.0);
+    }
+  }
+  // What the kernels do not take runs PyTorch's ops: CPU tensors, odd pool sizes, a contiguous NCHW x.
+  EXPECT_FALSE(bias_relu_runs_fused(torch::randn({4, 32}), torch::randn({32})));
+  EXPECT_FALSE(bias_relu_max_pool2_runs_fused(torch::randn({2, 64, 5, 6}, kGpu).contiguous(at::MemoryFormat::ChannelsLast),
+                                              torch::randn({64}, kGpu)));
+  EXPECT_FALSE(bias_relu_runs_fused(torch::randn({2, 32, 6, 6}, kGpu), torch::randn({32}, kGpu)));
+}
+
+// The MNIST network on its fused path gives the textbook layers' loss and gradients (bf16
+// autocast, channels-last, dropout off so both see the same activations).
+TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  MnistNet net;
+  net->to(kGpu);
+  to_channels_last(*net);
+  net->eval();
+  auto x = torch::randn({64, 1, 28, 28}, kGpu).contiguous(at::MemoryFormat::ChannelsLast);
+  auto target = torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu));
+  std::vector<std::vector<torch::Tensor>> grads;
+  std::vector<torch::Tensor> losses;
+  for (bool fused : {true, false}) {
+    net->fused_kernels = fused;
+    net->zero_grad();
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(kGpu, Precision::bf16_mixed);
+      loss = torch::nll_loss(net->forward(x), target);
+    }
+    loss.backward();
+    losses.push_back(loss.detach());
+    grads.emplace_back();
+    for (auto& p : net->parameters()) grads.back().push_back(p.grad().clone());
+  }
+  EXPECT_TRUE(test::tensors_close(losses[0], losses[1], 1e-3, 1e-3));
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_TRUE(test::tensors_close(grads[0][i], grads[1][i], 2e-2, 1e-3)) << net->named_parameters()[i].key();
 }
 
 // ---- Memory levers on the GPU ---------------------------------------------------------------------
