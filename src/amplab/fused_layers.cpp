@@ -1,10 +1,12 @@
 #include "amplab/fused_layers.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
+#include <torch/nn/functional/conv.h>
 #include <torch/nn/functional/pooling.h>
 
 #if AMPLAB_WITH_CUDA
-#include "amplab/cuda/bias_relu.hpp"
+#include "amplab/cuda/layer_kernels.hpp"
 #endif
 
 namespace amplab {
@@ -14,25 +16,26 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The bias as autocast hands it to the layer: in x's dtype, shaped to broadcast along dimension 1.
-torch::Tensor bias_like(const torch::Tensor& x, const torch::Tensor& bias) { return bias.to(x.scalar_type()); }
-
-torch::Tensor broadcastable(const torch::Tensor& x, const torch::Tensor& bias) {
-  std::vector<int64_t> shape(x.dim(), 1);
-  shape[1] = bias.size(0);
-  return bias.view(shape);
+// The dtype a layer computes in: autocast's on a GPU where it is on, else the tensor's own.
+torch::ScalarType compute_dtype(const torch::Tensor& t) {
+  if (t.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) && t.is_floating_point())
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  return t.scalar_type();
 }
 
 #if AMPLAB_WITH_CUDA
-struct BiasRelu : torch::autograd::Function<BiasRelu> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias) {
-    torch::Tensor y = cuda::bias_relu_forward(x, bias);
-    ctx->save_for_backward({y});
+// x needs no gradient (images): only the weight's and the bias's are computed.
+struct Conv3x3BiasRelu : torch::autograd::Function<Conv3x3BiasRelu> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+    torch::Tensor y = cuda::conv3x3_bias_relu_forward(x, weight, bias);
+    ctx->save_for_backward({y, x, weight});
     return y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    auto [grad_x, grad_bias] = cuda::bias_relu_backward(grads[0], ctx->get_saved_variables()[0]);
-    return {grad_x, grad_bias};
+    auto saved = ctx->get_saved_variables();
+    auto [grad_weight, grad_bias] = cuda::conv3x3_bias_relu_backward(grads[0], saved[0], saved[1], saved[2]);
+    return {torch::Tensor(), grad_weight, grad_bias};
   }
 };
 
@@ -49,38 +52,46 @@ struct BiasReluMaxPool2 : torch::autograd::Function<BiasReluMaxPool2> {
 };
 #endif
 
-}  // namespace
-
-bool bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) {
+bool conv_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
 #if AMPLAB_WITH_CUDA
-  return cuda::bias_relu_supported(x, bias_like(x, bias));
+  return !x.requires_grad() && cuda::conv3x3_bias_relu_supported(x, weight, bias);
 #else
   return false;
 #endif
+}
+
+}  // namespace
+
+bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const auto dtype = compute_dtype(weight);
+  return conv_runs_fused(x, weight.to(dtype).contiguous(), bias.to(dtype));
 }
 
 bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) {
 #if AMPLAB_WITH_CUDA
-  return cuda::bias_relu_max_pool2_supported(x, bias_like(x, bias));
+  return cuda::bias_relu_max_pool2_supported(x, bias.to(x.scalar_type()));
 #else
   return false;
 #endif
 }
 
-torch::Tensor bias_relu(const torch::Tensor& x, const torch::Tensor& bias) {
-  torch::Tensor b = bias_like(x, bias);
+torch::Tensor conv3x3_bias_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const auto dtype = compute_dtype(weight);
+  torch::Tensor w = weight.to(dtype).contiguous(), b = bias.to(dtype);  // what autocast hands cuDNN
 #if AMPLAB_WITH_CUDA
-  if (cuda::bias_relu_supported(x, b)) return BiasRelu::apply(x, b);
+  if (conv_runs_fused(x, w, b)) return Conv3x3BiasRelu::apply(x, w, b);
 #endif
-  return torch::relu(x + broadcastable(x, b));
+  return torch::relu(torch::conv2d(x, weight, bias));
 }
 
 torch::Tensor bias_relu_max_pool2(const torch::Tensor& x, const torch::Tensor& bias) {
-  torch::Tensor b = bias_like(x, bias);
+  torch::Tensor b = bias.to(x.scalar_type());  // as autocast casts the layer's bias
 #if AMPLAB_WITH_CUDA
   if (cuda::bias_relu_max_pool2_supported(x, b)) return BiasReluMaxPool2::apply(x, b);
 #endif
-  return torch::max_pool2d(torch::relu(x + broadcastable(x, b)), /*kernel_size=*/2);
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[1] = b.size(0);
+  return torch::max_pool2d(torch::relu(x + b.view(shape)), /*kernel_size=*/2);
 }
 
 }  // namespace amplab

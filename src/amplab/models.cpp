@@ -29,7 +29,7 @@ torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
 }
 
 torch::Tensor MnistNetImpl::forward_fused(torch::Tensor x) {
-  x = bias_relu(torch::conv2d(x, conv1->weight), conv1->bias);            // (N, 32, 26, 26)
+  x = conv3x3_bias_relu(x, conv1->weight, conv1->bias);                   // (N, 32, 26, 26)
   x = bias_relu_max_pool2(torch::conv2d(x, conv2->weight), conv2->bias);  // (N, 64, 12, 12)
   x = dropout1(x);
   x = torch::flatten(x, 1);

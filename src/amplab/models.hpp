@@ -15,7 +15,7 @@ struct MnistNetImpl : torch::nn::Module {
   MnistNetImpl();
   // On a GPU with fused_kernels, forward_fused; otherwise the textbook layers of main.py.
   torch::Tensor forward(torch::Tensor x);
-  // The same network with conv1's bias + ReLU and conv2's bias + ReLU + pool each one kernel of
+  // The same network with conv1 + bias + ReLU and conv2's bias + ReLU + pool each one kernel of
   // ours (fused_layers.hpp): the same values and gradients, in fewer and faster kernels.
   torch::Tensor forward_fused(torch::Tensor x);
   bool fused_kernels = true;
