@@ -350,6 +350,7 @@ TEST(GpuFusedLayers, BiasReluMaxPoolEqualsPyTorchsOps_CUDA) {
     PoolResult fused = run_bias_relu_max_pool2(true, x, bias, grad_y);
     PoolResult reference = run_bias_relu_max_pool2(false, x, bias, grad_y);
     EXPECT_TRUE(test::tensors_equal(fused.y, reference.y));
+    EXPECT_TRUE(fused.y.is_contiguous());  // NCHW: flatten(1) is a view
     EXPECT_TRUE(test::tensors_equal(fused.grad_x, reference.grad_x));
     EXPECT_EQ(fused.grad_bias.scalar_type(), torch::kFloat);
     const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;

@@ -46,27 +46,25 @@ __global__ void sum_partials_kernel(const float* __restrict__ partial, int block
   if (threadIdx.x == 0) out[j] = static_cast<scalar_t>(sums[0]);
 }
 
-// ---- bias + ReLU + 2x2 max-pool (NHWC) ------------------------------------------------------------
+// ---- bias + ReLU + 2x2 max-pool (NHWC in, NCHW out) ----------------------------------------------
 
 struct PoolShape {
   int n, h, w;  // input; h and w even
   int channels;
-  __host__ __device__ int pooled_rows() const { return n * (h / 2) * (w / 2); }
+  __host__ __device__ int pooled_h() const { return h / 2; }
+  __host__ __device__ int pooled_w() const { return w / 2; }
 };
 
-// Window `row` (n, ph, pw) of channel c after bias and ReLU: where its four inputs are, and which
-// one the pool takes. PyTorch scans rows then columns and moves on when a value is greater or NaN.
+// Window (n, ph, pw) of channel c after bias and ReLU: where its four inputs are, and which one the
+// pool takes. PyTorch scans rows then columns and moves on when a value is greater or NaN.
 template <class scalar_t>
 struct Window {
-  int n, ph, pw;
   int64_t first;  // index of the window's top-left input
   int arg;        // 0..3: top-left, top-right, bottom-left, bottom-right
   scalar_t best;
 
-  __device__ __forceinline__ Window(const scalar_t* __restrict__ x, scalar_t b, const PoolShape& s, int row, int c) {
-    pw = row % (s.w / 2);
-    ph = (row / (s.w / 2)) % (s.h / 2);
-    n = row / ((s.w / 2) * (s.h / 2));
+  __device__ __forceinline__ Window(const scalar_t* __restrict__ x, scalar_t b, const PoolShape& s, int n, int ph, int pw,
+                                    int c) {
     first = ((int64_t{n} * s.h + 2 * ph) * s.w + 2 * pw) * s.channels + c;
     float best_value = -INFINITY;
     arg = 0;
@@ -86,34 +84,55 @@ struct Window {
   }
 };
 
-// Thread t owns channel t % channels; a block covers blockDim.x / channels windows per pass.
+// One block per pooled row (n, ph). Windows are taken channel-fastest (x is NHWC: coalesced reads);
+// their maxima wait in shared memory as [c][pw] and go out as rows of y[n][c][ph][:] (NCHW, so
+// that the flatten after the pool is a view, not a copy).
 template <class scalar_t>
 __global__ void pool_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias,
                                     scalar_t* __restrict__ y, PoolShape s) {
-  const int c = threadIdx.x % s.channels;
-  const int rows_per_pass = blockDim.x / s.channels;
-  const scalar_t b = bias[c];
-  for (int r = blockIdx.x * rows_per_pass + threadIdx.x / s.channels; r < s.pooled_rows(); r += gridDim.x * rows_per_pass) {
-    Window<scalar_t> window(x, b, s, r, c);
-    y[int64_t{r} * s.channels + c] = window.best;
+  extern __shared__ unsigned char shared[];
+  scalar_t* tile = reinterpret_cast<scalar_t*>(shared);  // [channels][pooled_w]
+  const int n = blockIdx.x / s.pooled_h(), ph = blockIdx.x % s.pooled_h();
+  const int outputs = s.pooled_w() * s.channels;
+  for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+    const int c = i % s.channels, pw = i / s.channels;
+    tile[c * s.pooled_w() + pw] = Window<scalar_t>(x, bias[c], s, n, ph, pw, c).best;
+  }
+  __syncthreads();
+  scalar_t* row = y + (int64_t{n} * s.channels * s.pooled_h() + ph) * s.pooled_w();  // &y[n][0][ph][0]
+  for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+    const int c = i / s.pooled_w(), pw = i % s.pooled_w();
+    row[int64_t{c} * s.pooled_h() * s.pooled_w() + pw] = tile[i];
   }
 }
 
-// grad_y of shape (N, C, H/2, W/2) with strides gs (elements).
+// The same blocks: the pooled row's gradients (NCHW) come in through shared memory, then each
+// window sends its gradient to its maximum if ReLU let it through, zeros elsewhere. Thread t keeps
+// channel t % channels (channels divide the block) and sums its gradients for the bias;
+// partial[block][c] holds the block's sums.
 template <class scalar_t>
-__global__ void pool_backward_kernel(const scalar_t* __restrict__ grad_y, int64_t gs_n, int64_t gs_c, int64_t gs_h,
-                                     int64_t gs_w, const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias,
-                                     scalar_t* __restrict__ grad_x, float* __restrict__ partial, PoolShape s) {
+__global__ void pool_backward_kernel(const scalar_t* __restrict__ grad_y, const scalar_t* __restrict__ x,
+                                     const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_x,
+                                     float* __restrict__ partial, PoolShape s) {
+  extern __shared__ unsigned char shared[];
+  scalar_t* tile = reinterpret_cast<scalar_t*>(shared);  // [channels][pooled_w]
   __shared__ float sums[kThreads];
-  const int c = threadIdx.x % s.channels;
-  const int rows_per_pass = blockDim.x / s.channels;
-  const scalar_t b = bias[c];
+  const int n = blockIdx.x / s.pooled_h(), ph = blockIdx.x % s.pooled_h();
+  const int outputs = s.pooled_w() * s.channels;
+  const scalar_t* row = grad_y + (int64_t{n} * s.channels * s.pooled_h() + ph) * s.pooled_w();
+  for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+    const int c = i / s.pooled_w(), pw = i % s.pooled_w();
+    tile[i] = row[int64_t{c} * s.pooled_h() * s.pooled_w() + pw];
+  }
+  __syncthreads();
   const scalar_t zero = static_cast<scalar_t>(0.f);
+  const int c = threadIdx.x % s.channels;
+  const scalar_t b = bias[c];
   float acc = 0.f;
-  for (int r = blockIdx.x * rows_per_pass + threadIdx.x / s.channels; r < s.pooled_rows(); r += gridDim.x * rows_per_pass) {
-    Window<scalar_t> window(x, b, s, r, c);
-    const scalar_t g = grad_y[window.n * gs_n + c * gs_c + window.ph * gs_h + window.pw * gs_w];
-    const scalar_t g_in = passes(window.best) ? g : zero;
+  for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+    const int pw = i / s.channels;
+    Window<scalar_t> window(x, b, s, n, ph, pw, c);
+    const scalar_t g_in = passes(window.best) ? tile[c * s.pooled_w() + pw] : zero;
 #pragma unroll
     for (int k = 0; k < 4; ++k) grad_x[window.offset(k, s)] = k == window.arg ? g_in : zero;
     acc += static_cast<float>(g_in);
@@ -122,7 +141,7 @@ __global__ void pool_backward_kernel(const scalar_t* __restrict__ grad_y, int64_
   __syncthreads();
   if (threadIdx.x < s.channels) {
     float total = 0.f;
-    for (int k = 0; k < rows_per_pass; ++k) total += sums[k * s.channels + threadIdx.x];
+    for (int k = 0; k < static_cast<int>(blockDim.x) / s.channels; ++k) total += sums[k * s.channels + threadIdx.x];
     partial[blockIdx.x * int64_t{s.channels} + threadIdx.x] = total;
   }
 }
@@ -250,17 +269,14 @@ int64_t max_resident_blocks() {
   return int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * (2048 / kThreads);
 }
 
-// Blocks for `rows` rows of `channels` threads each: as many as the rows need, at most a full GPU.
-int blocks_for(int64_t rows, int channels) {
-  const int64_t rows_per_pass = kThreads / channels;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + rows_per_pass - 1) / rows_per_pass, max_resident_blocks())));
-}
-
+#define AMPLAB_DISPATCH_FLOAT_HALF_BF16(TYPE, NAME, ...) \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 at::Tensor sum_partials(const at::Tensor& partial, const at::TensorOptions& out_options) {
   const int blocks = static_cast<int>(partial.size(0)), columns = static_cast<int>(partial.size(1));
   at::Tensor out = at::empty({columns}, out_options);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "amplab_sum_partials", [&] {
+  AMPLAB_DISPATCH_FLOAT_HALF_BF16(out.scalar_type(), "amplab_sum_partials", [&] {
     sum_partials_kernel<scalar_t><<<columns, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         partial.const_data_ptr<float>(), blocks, columns, out.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -280,15 +296,14 @@ bool dense_one_channel(const at::Tensor& x) {
          (x.size(0) == 1 || x.stride(0) == x.size(2) * x.size(3));
 }
 
-#define AMPLAB_DISPATCH_FLOAT_HALF_BF16(TYPE, NAME, ...) \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+// The shared-memory tile of one pooled row.
+size_t pool_tile_bytes(const at::Tensor& x) { return x.size(1) * (x.size(3) / 2) * x.element_size(); }
 
 }  // namespace
 
 bool bias_relu_max_pool2_supported(const at::Tensor& x, const at::Tensor& bias) {
   return bias_fits(x, bias) && x.is_contiguous(at::MemoryFormat::ChannelsLast) && x.size(2) % 2 == 0 &&
-         x.size(3) % 2 == 0 && channels_divide_block(x.size(1));
+         x.size(3) % 2 == 0 && channels_divide_block(x.size(1)) && pool_tile_bytes(x) <= 32 * 1024;
 }
 
 at::Tensor bias_relu_max_pool2_forward(const at::Tensor& x, const at::Tensor& bias) {
@@ -296,32 +311,32 @@ at::Tensor bias_relu_max_pool2_forward(const at::Tensor& x, const at::Tensor& bi
   c10::cuda::CUDAGuard guard(x.device());
   const PoolShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                     static_cast<int>(x.size(1))};
-  at::Tensor y = at::empty({s.n, s.channels, s.h / 2, s.w / 2}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor y = at::empty({s.n, s.channels, s.pooled_h(), s.pooled_w()}, x.options());  // NCHW contiguous
   AMPLAB_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "amplab_pool_forward", [&] {
-    pool_forward_kernel<scalar_t><<<blocks_for(s.pooled_rows(), s.channels), (kThreads / s.channels) * s.channels, 0,
-                                    at::cuda::getCurrentCUDAStream()>>>(
+    pool_forward_kernel<scalar_t><<<s.n * s.pooled_h(), kThreads, pool_tile_bytes(x), at::cuda::getCurrentCUDAStream()>>>(
         x.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), s);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return y;
 }
 
-std::pair<at::Tensor, at::Tensor> bias_relu_max_pool2_backward(const at::Tensor& grad_y, const at::Tensor& x,
+std::pair<at::Tensor, at::Tensor> bias_relu_max_pool2_backward(const at::Tensor& grad_y_any, const at::Tensor& x,
                                                                const at::Tensor& bias) {
   c10::cuda::CUDAGuard guard(x.device());
   const PoolShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
                     static_cast<int>(x.size(1))};
-  TORCH_CHECK(grad_y.dim() == 4 && grad_y.size(0) == s.n && grad_y.size(1) == s.channels && grad_y.size(2) == s.h / 2 &&
-                  grad_y.size(3) == s.w / 2 && grad_y.scalar_type() == x.scalar_type(),
+  TORCH_CHECK(grad_y_any.dim() == 4 && grad_y_any.size(0) == s.n && grad_y_any.size(1) == s.channels &&
+                  grad_y_any.size(2) == s.pooled_h() && grad_y_any.size(3) == s.pooled_w() &&
+                  grad_y_any.scalar_type() == x.scalar_type(),
               "amplab bias_relu_max_pool2: gradient of the wrong shape or dtype");
-  const int blocks = blocks_for(s.pooled_rows(), s.channels);
+  const at::Tensor grad_y = grad_y_any.contiguous();  // NCHW, as y
+  const int blocks = s.n * s.pooled_h();
   at::Tensor grad_x = at::empty_like(x);  // every element written: H and W are even
   at::Tensor partial = at::empty({blocks, s.channels}, x.options().dtype(at::kFloat));
   AMPLAB_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "amplab_pool_backward", [&] {
-    pool_backward_kernel<scalar_t><<<blocks, (kThreads / s.channels) * s.channels, 0, at::cuda::getCurrentCUDAStream()>>>(
-        grad_y.const_data_ptr<scalar_t>(), grad_y.stride(0), grad_y.stride(1), grad_y.stride(2), grad_y.stride(3),
-        x.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(), grad_x.mutable_data_ptr<scalar_t>(),
-        partial.mutable_data_ptr<float>(), s);
+    pool_backward_kernel<scalar_t><<<blocks, kThreads, pool_tile_bytes(x), at::cuda::getCurrentCUDAStream()>>>(
+        grad_y.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(),
+        grad_x.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<float>(), s);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {grad_x, sum_partials(partial, bias.options())};

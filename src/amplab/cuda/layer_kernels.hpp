@@ -13,8 +13,9 @@
 //
 // Layouts: the convolution's x is (N, 1, H, W) dense, float or the weight's dtype (then rounded to
 // it, as autocast's cast would); its weight (C, 1, 3, 3) and bias (C) contiguous; y channels-last.
-// The pool's x is (N, C, H, W) channels-last with H and W even. The pool: C divides 256; the convolution: C a multiple of 8, at most 128. *_supported says
-// whether a call can take its tensors (fused_layers.hpp falls back to PyTorch's ops otherwise).
+// The pool's x is (N, C, H, W) channels-last with H and W even, C dividing 256; the convolution's
+// C is a multiple of 8, at most 128. *_supported says whether a call can take its tensors
+// (fused_layers.hpp falls back to PyTorch's ops otherwise).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,7 +32,8 @@ std::pair<at::Tensor, at::Tensor> conv3x3_bias_relu_backward(const at::Tensor& g
                                                              const at::Tensor& x, const at::Tensor& weight);
 
 bool bias_relu_max_pool2_supported(const at::Tensor& x, const at::Tensor& bias);
-// (N, C, H, W) -> (N, C, H/2, W/2), channels-last.
+// (N, C, H, W) -> (N, C, H/2, W/2), contiguous (NCHW): the flatten that follows in the MNIST net
+// is then a view, not a copy.
 at::Tensor bias_relu_max_pool2_forward(const at::Tensor& x, const at::Tensor& bias);
 // grad_y of any strides; x and bias as given to the forward. Gradients of x and of the bias.
 std::pair<at::Tensor, at::Tensor> bias_relu_max_pool2_backward(const at::Tensor& grad_y, const at::Tensor& x,
