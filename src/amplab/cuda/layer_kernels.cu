@@ -28,11 +28,13 @@ __device__ __forceinline__ bool passes(scalar_t y) {
 
 // ---- the sums of the backward passes --------------------------------------------------------------
 
-// out[j] = sum over blocks of partial[b][j], in a fixed order (deterministic): one block per
-// column j, a tree over its threads.
+// The sum over blocks of partial[b][j], in a fixed order (deterministic): one block per column j,
+// a tree over its threads. Columns come per channel, `weights` weight sums then the bias sum:
+// column c * (weights + 1) + k goes to grad_weight[c * weights + k] for k < weights, else to
+// grad_bias[c].
 template <class scalar_t>
-__global__ void sum_partials_kernel(const float* __restrict__ partial, int blocks, int columns,
-                                    scalar_t* __restrict__ out) {
+__global__ void sum_partials_kernel(const float* __restrict__ partial, int blocks, int columns, int weights,
+                                    scalar_t* __restrict__ grad_weight, scalar_t* __restrict__ grad_bias) {
   __shared__ float sums[kThreads];
   const int j = blockIdx.x;
   float acc = 0.f;
@@ -43,7 +45,10 @@ __global__ void sum_partials_kernel(const float* __restrict__ partial, int block
     if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[j] = static_cast<scalar_t>(sums[0]);
+  if (threadIdx.x == 0) {
+    const int c = j / (weights + 1), k = j % (weights + 1);
+    (k < weights ? grad_weight[c * weights + k] : grad_bias[c]) = static_cast<scalar_t>(sums[0]);
+  }
 }
 
 // ---- bias + ReLU + 2x2 max-pool (NHWC in, NCHW out) ----------------------------------------------
@@ -273,15 +278,15 @@ int64_t max_resident_blocks() {
   AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
-at::Tensor sum_partials(const at::Tensor& partial, const at::TensorOptions& out_options) {
+// Sums partial's blocks into grad_weight (weights per channel, may be undefined when 0) and grad_bias.
+void sum_partials(const at::Tensor& partial, int weights, at::Tensor& grad_weight, at::Tensor& grad_bias) {
   const int blocks = static_cast<int>(partial.size(0)), columns = static_cast<int>(partial.size(1));
-  at::Tensor out = at::empty({columns}, out_options);
-  AMPLAB_DISPATCH_FLOAT_HALF_BF16(out.scalar_type(), "amplab_sum_partials", [&] {
+  AMPLAB_DISPATCH_FLOAT_HALF_BF16(grad_bias.scalar_type(), "amplab_sum_partials", [&] {
     sum_partials_kernel<scalar_t><<<columns, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        partial.const_data_ptr<float>(), blocks, columns, out.mutable_data_ptr<scalar_t>());
+        partial.const_data_ptr<float>(), blocks, columns, weights,
+        weights > 0 ? grad_weight.mutable_data_ptr<scalar_t>() : nullptr, grad_bias.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return out;
 }
 
 bool bias_fits(const at::Tensor& x, const at::Tensor& bias) {
@@ -339,7 +344,9 @@ std::pair<at::Tensor, at::Tensor> bias_relu_max_pool2_backward(const at::Tensor&
         grad_x.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<float>(), s);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {grad_x, sum_partials(partial, bias.options())};
+  at::Tensor no_weight, grad_bias = at::empty({s.channels}, bias.options());
+  sum_partials(partial, 0, no_weight, grad_bias);
+  return {grad_x, grad_bias};
 }
 
 bool conv3x3_bias_relu_supported(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -418,8 +425,10 @@ std::pair<at::Tensor, at::Tensor> conv3x3_bias_relu_backward(const at::Tensor& g
     else
       launch_conv3x3_backward<scalar_t, scalar_t>(grad_y, y, x, partial, s);
   });
-  at::Tensor sums = sum_partials(partial, weight.options()).view({s.channels, 10});
-  return {sums.narrow(1, 0, 9).reshape({s.channels, 1, 3, 3}), sums.select(1, 9).contiguous()};
+  at::Tensor grad_weight = at::empty({s.channels, 1, 3, 3}, weight.options());
+  at::Tensor grad_bias = at::empty({s.channels}, weight.options());
+  sum_partials(partial, 9, grad_weight, grad_bias);
+  return {grad_weight, grad_bias};
 }
 
 }  // namespace amplab::cuda
