@@ -3,7 +3,8 @@
 // float32 tensor next to it on the device, advanced by the step itself (and taken back when a
 // GradScaler finds an inf), so that a step captured in a CUDA graph counts its replays and
 // computes the right bias correction. Same results as PyTorch's fused AdamW, to the bit on the
-// CPU (tests/fixtures/fused_adamw_golden.json).
+// CPU (tests/fixtures/fused_adamw_golden.json) and on a GPU, where PyTorch's AdamW arithmetic runs
+// over chunks sized to the model (cuda/fused_adamw_launch.hpp: small models fill the GPU).
 //
 // Checkpoints hold torch::optim::AdamW's state, so they load into either class: save() first
 // copies the device step counts into that state, load() drops them to be rebuilt from it.
