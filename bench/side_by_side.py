@@ -5,77 +5,58 @@ Reads the lab's summary.json (build/bin/mnist) and the Python runs' JSON files
 (bench/run_reference.sh), and prints, for every Python run, its warm epoch and the C++ mode it
 compares with, with the ratio Python s / C++ s (above 1: C++ is faster). bench/side_by_side.sh
 runs both and then this. With --reference-flags it prints instead the bench/mnist_reference.py
-flags that train as the lab's (resolved) config does: optimizer, lr schedule, batch, drop_last.
+flags that train as the lab's run did (its resolved config, kept in summary.json): optimizer, lr
+schedule, batch, drop_last.
 
     python3 bench/side_by_side.py CPP_SUMMARY_JSON PYTHON_DIR
-    python3 bench/side_by_side.py --reference-flags CPP_CONFIG_YAML
+    python3 bench/side_by_side.py --reference-flags CPP_SUMMARY_JSON
 """
 import json
-import re
 import sys
 from pathlib import Path
 
-# The lab's OptimizerConfig defaults (src/amplab/trainer.hpp), for keys a config leaves out.
-LAB_OPTIMIZER_DEFAULTS = {"name": "sgd", "lr": "0.01", "momentum": "0", "weight_decay": "0", "beta1": "0.9",
-                          "beta2": "0.999", "eps": "1e-08", "fused": "false", "schedule": "constant", "warmup": "0"}
 # What bench/mnist_reference.py fixes for AdamW (ADAMW_BETA1, ADAMW_EPS there).
 REFERENCE_ADAMW_FIXED = {"beta1": 0.9, "eps": 1e-8}
 
 
-def read_block_yaml(text):
-    """The block mappings of a YAML file in the lab's style (`key: value  # doc`, nested by
-    indentation) as nested dicts of strings. The GPU machines' python3 has no PyYAML, and the
-    lab's config files use nothing more than this."""
-    root = {}
-    stack = [(-1, root)]  # (indent, mapping) of the open blocks
-    for raw in text.splitlines():
-        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
-        if not line.strip() or line.strip() == "---" or line.strip().startswith("- "):
-            continue  # block-list items: the lab writes lists in flow style ([a, b]); none is read here
-        indent = len(line) - len(line.lstrip(" "))
-        key, colon, value = line.strip().partition(":")
-        if not colon:
-            raise ValueError(f"not a `key: value` line: {raw!r}")
-        while stack[-1][0] >= indent:
-            stack.pop()
-        value = value.strip()
-        if value:
-            stack[-1][1][key.strip()] = value.strip("\"'")
-        else:
-            stack[-1][1][key.strip()] = child = {}
-            stack.append((indent, child))
-    return root
+def read_summary(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"side_by_side: cannot read the lab's summary {path}: {e}")
 
 
-def reference_flags(config_path):
-    """mnist_reference.py flags for the lab's train.optimizer block (and the batch and
-    drop_last, which fix the schedule's length); exits on settings the reference cannot mirror."""
-    train = read_block_yaml(Path(config_path).read_text()).get("train", {})
-    o = dict(LAB_OPTIMIZER_DEFAULTS, **train.get("optimizer", {}))
-    def number(key):
-        float(o[key])  # refuse what is not a number; pass the config's own spelling on
-        return o[key]
+def reference_flags(summary_path):
+    """mnist_reference.py flags for the lab run's train.optimizer (and the batch and drop_last,
+    which fix the schedule's length), from the resolved config the lab keeps in summary.json;
+    exits on settings the reference cannot mirror."""
+    config = read_summary(summary_path).get("config")
+    if not isinstance(config, dict):
+        sys.exit(f"side_by_side: {summary_path} has no 'config' (written by build/bin/mnist from this version on)")
+    train = config["train"]
+    o = train["optimizer"]
     def die(why):
-        sys.exit(f"side_by_side: {config_path}: train.optimizer: {why}; bench/mnist_reference.py cannot mirror it")
+        sys.exit(f"side_by_side: {summary_path}: train.optimizer: {why}; bench/mnist_reference.py cannot mirror it")
+    def number(key):
+        if isinstance(o[key], bool) or not isinstance(o[key], (int, float)):
+            die(f"{key} {o[key]!r} is not a number")
+        return str(o[key])
     if o["name"] not in ("sgd", "adamw"):
         die(f"name {o['name']} (the reference has sgd and adamw)")
-    fused = o["fused"].lower() == "true"
     flags = ["--optimizer", o["name"], "--lr", number("lr"), "--weight-decay", number("weight_decay"),
              "--schedule", o["schedule"], "--warmup", number("warmup")]
     if o["name"] == "sgd":
-        flags += ["--momentum", number("momentum")] + (["--fused"] if fused else [])
+        flags += ["--momentum", number("momentum")] + (["--fused"] if o["fused"] else [])
     else:
         for key, fixed in REFERENCE_ADAMW_FIXED.items():
             if float(o[key]) != fixed:
                 die(f"{key} {o[key]} (the reference's AdamW has {key} {fixed})")
         flags += ["--beta2", number("beta2")]
-        if not fused:  # the reference's AdamW is always fused on CUDA
-            print(f"side_by_side: {config_path}: the lab's AdamW is not fused, the reference's is", file=sys.stderr)
-    if "batch_size" in train:
-        flags += ["--batch-size", train["batch_size"]]
-    if "drop_last" in train:
-        flags += ["--drop-last" if train["drop_last"].lower() == "true" else "--no-drop-last"]
+        if not o["fused"]:  # the reference's AdamW is always fused on CUDA
+            print(f"side_by_side: {summary_path}: the lab's AdamW is not fused, the reference's is", file=sys.stderr)
+    flags += ["--batch-size", str(train["batch_size"]), "--drop-last" if train["drop_last"] else "--no-drop-last"]
     return flags
+
 
 def counterpart(variant):
     """The C++ mode of the same device and precision as a Python run ("cuda bf16-mixed resident
@@ -97,10 +78,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage:\n" + "\n".join(__doc__.strip().splitlines()[-2:]))
     summary_path, python_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"side_by_side: cannot read the lab's summary {summary_path}: {e}")
+    summary = read_summary(summary_path)
     cpp = {m["mode"]: m for m in summary.get("modes", []) if m.get("ran")}
     runs = []
     for path in sorted(python_dir.glob("*.json")):

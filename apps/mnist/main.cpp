@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "amplab/app.hpp"
+#include "amplab/config_json.hpp"
 #include "amplab/data/mnist.hpp"
 #include "amplab/device.hpp"
 #include "amplab/log.hpp"
@@ -23,7 +24,7 @@ struct MnistLabConfig {
   std::vector<std::string> amp_precisions = {"fp16-mixed", "bf16-mixed"};  // one gpu-amp run each
   int cpu_epochs = 1;             // epochs of the cpu mode (a CPU epoch takes a minute or more)
   bool channels_last = true;      // GPU modes: NHWC images and activations (faster convolutions)
-  bool fused_kernels = true;      // GPU modes: bias + ReLU (+ pool) of each convolution in one kernel
+  bool fused_kernels = true;      // GPU modes: kernels of ours for the convolutions' ends (MnistNet::forward_fused)
   int64_t eval_batch_size = 1000; // test-set batches
   bool plots = true;              // write PNG plots (needs matplotlib)
 
@@ -33,7 +34,7 @@ struct MnistLabConfig {
     v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode", {"fp16-mixed", "bf16-mixed"});
     v.field("cpu_epochs", cpu_epochs, "epochs of the cpu mode", amplab::Range<int64_t>::at_least(1));
     v.field("channels_last", channels_last, "GPU modes: channels-last memory format");
-    v.field("fused_kernels", fused_kernels, "GPU modes: each convolution's bias, ReLU and pool in one kernel");
+    v.field("fused_kernels", fused_kernels, "GPU modes: conv1 + bias + ReLU, and conv2's bias + ReLU + pool, one kernel each");
     v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
     v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
   }
@@ -218,7 +219,8 @@ int main(int argc, char** argv) {
     }
     std::cout << "\n" << table.to_string() << skipped;
     table.write_csv(run.file("results.csv"));
-    run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size}});
+    run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size},
+                       {"config", amplab::config_yaml_to_json(config_yaml)}});  // bench/side_by_side.py reads it
     if (config.mnist.plots) amplab::make_plots("mnist", run);
     std::cout << "results: " << run.path() << "/ (results.csv, metrics.csv, summary.json, plots)\n";
     return amplab::kExitOk;

@@ -3,6 +3,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "amplab/config_json.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -16,6 +18,23 @@ namespace amplab {
 namespace {
 
 constexpr size_t kMaxConfigBytes = 1 << 20;  // a config is a few hundred bytes; refuse huge files
+
+// What a plain (unquoted) YAML scalar means: true/false a boolean, a whole number an integer,
+// another number a double, anything else a string.
+nlohmann::json plain_scalar_value(const std::string& text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  int64_t whole = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), whole);
+  if (error == std::errc() && end == text.data() + text.size()) return whole;
+  try {
+    size_t used = 0;
+    double number = std::stod(text, &used);
+    if (used == text.size()) return number;
+  } catch (const std::exception&) {
+  }
+  return text;
+}
 
 std::string join_path(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
@@ -390,7 +409,12 @@ class YamlWriter final : public FieldVisitor {
   void field(const char* key, double& value, const char* doc, Range<double>) override {
     emit(key, format_double(value), doc);
   }
-  void field(const char* key, std::string& value, const char* doc) override { emit(key, value, doc); }
+  // A string that would read back as a number or a boolean ("0", "true") is written quoted, so
+  // that any YAML reader, config_yaml_to_json included, sees a string.
+  void field(const char* key, std::string& value, const char* doc) override {
+    if (plain_scalar_value(value).is_string()) return emit(key, value, doc);
+    out_ << YAML::Key << key << YAML::Value << YAML::DoubleQuoted << value << YAML::Comment(doc);
+  }
   void choice(const char* key, std::string& value, const std::vector<std::string>&, const char* doc) override {
     emit(key, value, doc);
   }
@@ -510,5 +534,35 @@ std::string describe_keys(const std::function<void(FieldVisitor&)>& fields) {
   fields(lister);
   return lister.str();
 }
+
+namespace {
+
+nlohmann::json scalar_to_json(const YAML::Node& node) {
+  if (node.Tag() == "!") return node.Scalar();  // quoted: a string, whatever it spells
+  return plain_scalar_value(node.Scalar());
+}
+
+nlohmann::json node_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& entry : node) object[entry.first.Scalar()] = node_to_json(entry.second);
+      return object;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json array = nlohmann::json::array();
+      for (const auto& item : node) array.push_back(node_to_json(item));
+      return array;
+    }
+    case YAML::NodeType::Scalar:
+      return scalar_to_json(node);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+nlohmann::json config_yaml_to_json(const std::string& yaml) { return node_to_json(YAML::Load(yaml)); }
 
 }  // namespace amplab

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "amplab/config.hpp"
+#include "amplab/config_json.hpp"
 #include "amplab/precision.hpp"
 #include "support.hpp"
 
@@ -188,6 +189,22 @@ TEST(Config, DoublesSurviveTheRoundTripExactly) {
   TopConfig again;
   ConfigSource::parse(to_yaml(c), "r.yaml").bind(again);
   EXPECT_EQ(again.train.optim.lr, c.train.optim.lr);
+}
+
+// summary.json's copy of the resolved config: every key, each scalar with its type.
+TEST(Config, ResolvedYamlAsJsonKeepsEveryKeyAndItsType) {
+  TopConfig c = bind("device: \"0\"\ntrain:\n  name: \"\"\n  optim:\n    lr: 1e-08\n");
+  nlohmann::json j = config_yaml_to_json(to_yaml(c));
+  EXPECT_EQ(j["device"], "0");  // quoted: stays a string
+  EXPECT_EQ(j["train"]["name"], "");
+  EXPECT_EQ(j["train"]["epochs"], 1);
+  EXPECT_TRUE(j["train"]["epochs"].is_number_integer());
+  EXPECT_EQ(j["train"]["shuffle"], true);
+  EXPECT_EQ(j["train"]["precision"], "fp32");
+  EXPECT_EQ(j["train"]["modes"], nlohmann::json::array({"cpu"}));
+  EXPECT_EQ(j["train"]["sizes"], nlohmann::json::array({1, 2}));
+  EXPECT_EQ(j["train"]["optim"]["lr"].get<double>(), 1e-08);
+  EXPECT_EQ(j["train"]["optim"]["warmup_steps"], 0);
 }
 
 TEST(Config, DescribeKeysListsEveryKeyWithDefaults) {
