@@ -163,21 +163,15 @@ struct ConvShape {
   __host__ __device__ int out_rows() const { return n * (h - 2) * (w - 2); }
 };
 
+// The nine inputs under output position `row` (n, oh, ow), ky then kx, rounded to scalar_t.
 template <class scalar_t, class input_t>
-__device__ __forceinline__ float conv3x3_at(const input_t* __restrict__ x, const float (&w)[9], const ConvShape& s, int row,
-                                            float (*xs)[9] = nullptr) {
+__device__ __forceinline__ void window3x3(const input_t* __restrict__ x, const ConvShape& s, int row, float (&xs)[9]) {
   const int ow = row % (s.w - 2);
   const int oh = (row / (s.w - 2)) % (s.h - 2);
   const int n = row / ((s.w - 2) * (s.h - 2));
   const input_t* top_left = x + (int64_t{n} * s.h + oh) * s.w + ow;
-  float acc = 0.f;
 #pragma unroll
-  for (int k = 0; k < 9; ++k) {
-    const float xv = static_cast<float>(static_cast<scalar_t>(top_left[(k / 3) * s.w + k % 3]));
-    if (xs) (*xs)[k] = xv;
-    acc += xv * w[k];
-  }
-  return acc;
+  for (int k = 0; k < 9; ++k) xs[k] = static_cast<float>(static_cast<scalar_t>(top_left[(k / 3) * s.w + k % 3]));
 }
 
 // A thread computes kConvGroup channels of one output position: the nine inputs are read once
@@ -200,8 +194,7 @@ __global__ void conv3x3_forward_kernel(const input_t* __restrict__ x, const scal
     const int row = static_cast<int>(t / groups);
     const int first_channel = static_cast<int>(t % groups) * kConvGroup;
     float xs[9];
-    const float none[9] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    conv3x3_at<scalar_t>(x, none, s, row, &xs);
+    window3x3<scalar_t>(x, s, row, xs);
 #pragma unroll
     for (int j = 0; j < kConvGroup; ++j) {
       const int c = first_channel + j;
@@ -231,8 +224,7 @@ __global__ void conv3x3_backward_kernel(const scalar_t* __restrict__ grad_y, con
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < work; t += int64_t{gridDim.x} * blockDim.x) {
     const int row = static_cast<int>(t / groups);
     float xs[9];
-    const float none[9] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    conv3x3_at<scalar_t>(x, none, s, row, &xs);
+    window3x3<scalar_t>(x, s, row, xs);
 #pragma unroll
     for (int j = 0; j < kConvBackwardGroup; ++j) {
       const int64_t i = int64_t{row} * s.channels + first_channel + j;
