@@ -48,17 +48,19 @@ void FusedAdamW::fused_step(const std::optional<torch::Tensor>& grad_scale, cons
     auto [beta1, beta2] = options.betas();
     at::_foreach_add_(steps, 1);  // PyTorch counts first, then steps with the new count
     auto lr = lr_on(params.front().device());
+    bool chunked = false;  // on a GPU: PyTorch's AdamW arithmetic over chunks sized to the model
 #if AMPLAB_WITH_CUDA
-    if (cuda::can_run_fused_adamw_chunked(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)) {
+    chunked = cuda::can_run_fused_adamw_chunked(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs);
+    if (chunked) {
       cuda::AdamWHyper hyper{options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad()};
       cuda::fused_adamw_chunked(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr.value_or(torch::Tensor()),
                                 hyper, grad_scale, found_inf);
-    } else
+    }
 #endif
-    if (lr)
+    if (!chunked && lr)
       at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *lr, beta1, beta2,
                         options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale, found_inf);
-    else
+    else if (!chunked)
       at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options.lr(), beta1, beta2,
                         options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale, found_inf);
     if (found_inf) at::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), *found_inf));  // a skipped step does not count

@@ -52,46 +52,59 @@ struct BiasReluMaxPool2 : torch::autograd::Function<BiasReluMaxPool2> {
 };
 #endif
 
-bool conv_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+// The tensors a layer hands its kernel (weight and bias cast as autocast would cast them for the
+// layer), and whether our kernel takes them.
+struct ConvCall {
+  torch::Tensor weight, bias;
+  bool fused = false;
+};
+
+ConvCall conv_call(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const auto dtype = compute_dtype(weight);
+  ConvCall call{weight.to(dtype).contiguous(), bias.to(dtype)};
 #if AMPLAB_WITH_CUDA
-  return !x.requires_grad() && cuda::conv3x3_bias_relu_supported(x, weight, bias);
-#else
-  return false;
+  call.fused = !x.requires_grad() && cuda::conv3x3_bias_relu_supported(x, call.weight, call.bias);  // x's gradient: not ours
 #endif
+  return call;
+}
+
+struct PoolCall {
+  torch::Tensor bias;
+  bool fused = false;
+};
+
+PoolCall pool_call(const torch::Tensor& x, const torch::Tensor& bias) {
+  PoolCall call{bias.to(x.scalar_type())};  // as autocast casts the layer's bias
+#if AMPLAB_WITH_CUDA
+  call.fused = cuda::bias_relu_max_pool2_supported(x, call.bias);
+#endif
+  return call;
 }
 
 }  // namespace
 
 bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  const auto dtype = compute_dtype(weight);
-  return conv_runs_fused(x, weight.to(dtype).contiguous(), bias.to(dtype));
+  return conv_call(x, weight, bias).fused;
 }
 
-bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) {
-#if AMPLAB_WITH_CUDA
-  return cuda::bias_relu_max_pool2_supported(x, bias.to(x.scalar_type()));
-#else
-  return false;
-#endif
-}
+bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) { return pool_call(x, bias).fused; }
 
 torch::Tensor conv3x3_bias_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  const auto dtype = compute_dtype(weight);
-  torch::Tensor w = weight.to(dtype).contiguous(), b = bias.to(dtype);  // what autocast hands cuDNN
+  ConvCall call = conv_call(x, weight, bias);
 #if AMPLAB_WITH_CUDA
-  if (conv_runs_fused(x, w, b)) return Conv3x3BiasRelu::apply(x, w, b);
+  if (call.fused) return Conv3x3BiasRelu::apply(x, call.weight, call.bias);
 #endif
   return torch::relu(torch::conv2d(x, weight, bias));
 }
 
 torch::Tensor bias_relu_max_pool2(const torch::Tensor& x, const torch::Tensor& bias) {
-  torch::Tensor b = bias.to(x.scalar_type());  // as autocast casts the layer's bias
+  PoolCall call = pool_call(x, bias);
 #if AMPLAB_WITH_CUDA
-  if (cuda::bias_relu_max_pool2_supported(x, b)) return BiasReluMaxPool2::apply(x, b);
+  if (call.fused) return BiasReluMaxPool2::apply(x, call.bias);
 #endif
   std::vector<int64_t> shape(x.dim(), 1);
-  shape[1] = b.size(0);
-  return torch::max_pool2d(torch::relu(x + b.view(shape)), /*kernel_size=*/2);
+  shape[1] = call.bias.size(0);
+  return torch::max_pool2d(torch::relu(x + call.bias.view(shape)), /*kernel_size=*/2);
 }
 
 }  // namespace amplab

@@ -20,22 +20,21 @@ torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
   x = torch::relu(conv1(x));                    // (N, 32, 26, 26)
   x = torch::relu(conv2(x));                    // (N, 64, 24, 24)
   x = torch::max_pool2d(x, /*kernel_size=*/2);  // (N, 64, 12, 12)
-  x = dropout1(x);
-  x = torch::flatten(x, 1);                     // (N, 9216)
-  x = torch::relu(fc1(x));
-  x = dropout2(x);
-  x = fc2(x);                                   // (N, 10)
-  return torch::log_softmax(x, /*dim=*/1);
+  return classify(x);
 }
 
 torch::Tensor MnistNetImpl::forward_fused(torch::Tensor x) {
   x = conv3x3_bias_relu(x, conv1->weight, conv1->bias);                   // (N, 32, 26, 26)
   x = bias_relu_max_pool2(torch::conv2d(x, conv2->weight), conv2->bias);  // (N, 64, 12, 12)
+  return classify(x);  // cuBLAS already adds fc1's bias inside its matrix product: nothing to fuse there
+}
+
+torch::Tensor MnistNetImpl::classify(torch::Tensor x) {
   x = dropout1(x);
-  x = torch::flatten(x, 1);
-  x = torch::relu(fc1(x));  // cuBLAS already adds fc1's bias inside the matrix product
+  x = torch::flatten(x, 1);  // (N, 9216)
+  x = torch::relu(fc1(x));
   x = dropout2(x);
-  x = fc2(x);
+  x = fc2(x);  // (N, 10)
   return torch::log_softmax(x, /*dim=*/1);
 }
 

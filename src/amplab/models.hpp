@@ -18,6 +18,8 @@ struct MnistNetImpl : torch::nn::Module {
   // The same network with conv1 + bias + ReLU and conv2's bias + ReLU + pool each one kernel of
   // ours (fused_layers.hpp): the same values and gradients, in fewer and faster kernels.
   torch::Tensor forward_fused(torch::Tensor x);
+  // Both forwards' end, from the pooled features: dropout, fc1 + ReLU, dropout, fc2, log-softmax.
+  torch::Tensor classify(torch::Tensor x);
   bool fused_kernels = true;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};         // 1 -> 32 -> 64 channels, 3x3
   torch::nn::Dropout dropout1{nullptr}, dropout2{nullptr};  // p = 0.25 after pooling, 0.5 after fc1

@@ -73,6 +73,8 @@ void launch_chunked(const std::vector<std::vector<at::Tensor>>& lists, const std
   if (blocks > 0) launch();
 }
 
+// What PyTorch's kernel needs of a state tensor: on ref's device, of its dtype, dense and laid out
+// as ref.
 bool same_layout(const at::Tensor& ref, const at::Tensor& t) {
   return t.is_cuda() && t.device() == ref.device() && t.scalar_type() == ref.scalar_type() &&
          t.layout() == at::kStrided && t.is_non_overlapping_and_dense() && t.sizes() == ref.sizes() &&
@@ -98,8 +100,9 @@ bool can_run_fused_adamw_chunked(const std::vector<at::Tensor>& params, const st
   if (type != at::kFloat && type != at::kHalf && type != at::kBFloat16 && type != at::kDouble) return false;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    if (p.device() != params[0].device() || p.scalar_type() != type) return false;
-    if (!same_layout(p, p) || !same_layout(p, grads[i]) || !same_layout(p, exp_avgs[i]) ||
+    const bool dense_like_the_first = p.is_cuda() && p.device() == params[0].device() && p.scalar_type() == type &&
+                                      p.layout() == at::kStrided && p.is_non_overlapping_and_dense();
+    if (!dense_like_the_first || !same_layout(p, grads[i]) || !same_layout(p, exp_avgs[i]) ||
         !same_layout(p, exp_avg_sqs[i]))
       return false;
     if (!max_exp_avg_sqs.empty() && !same_layout(p, max_exp_avg_sqs[i])) return false;

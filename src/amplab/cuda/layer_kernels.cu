@@ -26,6 +26,16 @@ __device__ __forceinline__ bool passes(scalar_t y) {
   return !(static_cast<float>(y) <= 0.f);
 }
 
+// The sizes a kernel works with: the input's batch, height and width, and the channels (the
+// pool's input channels, the convolution's output channels).
+struct ImageShape {
+  int n, h, w;
+  int channels;
+  __host__ __device__ int pooled_h() const { return h / 2; }  // 2x2 pool: h and w even
+  __host__ __device__ int pooled_w() const { return w / 2; }
+  __host__ __device__ int out_rows() const { return n * (h - 2) * (w - 2); }  // 3x3 convolution's outputs
+};
+
 // ---- the sums of the backward passes --------------------------------------------------------------
 
 // The sum over blocks of partial[b][j], in a fixed order (deterministic): one block per column j,
@@ -53,12 +63,6 @@ __global__ void sum_partials_kernel(const float* __restrict__ partial, int block
 
 // ---- bias + ReLU + 2x2 max-pool (NHWC in, NCHW out) ----------------------------------------------
 
-struct PoolShape {
-  int n, h, w;  // input; h and w even
-  int channels;
-  __host__ __device__ int pooled_h() const { return h / 2; }
-  __host__ __device__ int pooled_w() const { return w / 2; }
-};
 
 // Window (n, ph, pw) of channel c after bias and ReLU: where its four inputs are, and which one the
 // pool takes. PyTorch scans rows then columns and moves on when a value is greater or NaN.
@@ -68,7 +72,7 @@ struct Window {
   int arg;        // 0..3: top-left, top-right, bottom-left, bottom-right
   scalar_t best;
 
-  __device__ __forceinline__ Window(const scalar_t* __restrict__ x, scalar_t b, const PoolShape& s, int n, int ph, int pw,
+  __device__ __forceinline__ Window(const scalar_t* __restrict__ x, scalar_t b, const ImageShape& s, int n, int ph, int pw,
                                     int c) {
     first = ((int64_t{n} * s.h + 2 * ph) * s.w + 2 * pw) * s.channels + c;
     float best_value = -INFINITY;
@@ -84,7 +88,7 @@ struct Window {
       }
     }
   }
-  __device__ __forceinline__ int64_t offset(int k, const PoolShape& s) const {
+  __device__ __forceinline__ int64_t offset(int k, const ImageShape& s) const {
     return first + (int64_t{k / 2} * s.w + k % 2) * s.channels;
   }
 };
@@ -94,7 +98,7 @@ struct Window {
 // that the flatten after the pool is a view, not a copy).
 template <class scalar_t>
 __global__ void pool_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias,
-                                    scalar_t* __restrict__ y, PoolShape s) {
+                                    scalar_t* __restrict__ y, ImageShape s) {
   extern __shared__ unsigned char shared[];
   scalar_t* tile = reinterpret_cast<scalar_t*>(shared);  // [channels][pooled_w]
   const int n = blockIdx.x / s.pooled_h(), ph = blockIdx.x % s.pooled_h();
@@ -118,7 +122,7 @@ __global__ void pool_forward_kernel(const scalar_t* __restrict__ x, const scalar
 template <class scalar_t>
 __global__ void pool_backward_kernel(const scalar_t* __restrict__ grad_y, const scalar_t* __restrict__ x,
                                      const scalar_t* __restrict__ bias, scalar_t* __restrict__ grad_x,
-                                     float* __restrict__ partial, PoolShape s) {
+                                     float* __restrict__ partial, ImageShape s) {
   extern __shared__ unsigned char shared[];
   scalar_t* tile = reinterpret_cast<scalar_t*>(shared);  // [channels][pooled_w]
   __shared__ float sums[kThreads];
@@ -157,15 +161,10 @@ __global__ void pool_backward_kernel(const scalar_t* __restrict__ grad_y, const 
 // (N, C, H-2, W-2) channels-last. Products and their sum in float (ky, kx order), rounded to
 // scalar_t as a convolution's output is, then bias and ReLU as add_relu. x may be float (the
 // images autocast would cast): it is rounded to scalar_t first, as the cast would.
-struct ConvShape {
-  int n, h, w;  // input
-  int channels;
-  __host__ __device__ int out_rows() const { return n * (h - 2) * (w - 2); }
-};
 
 // The nine inputs under output position `row` (n, oh, ow), ky then kx, rounded to scalar_t.
 template <class scalar_t, class input_t>
-__device__ __forceinline__ void window3x3(const input_t* __restrict__ x, const ConvShape& s, int row, float (&xs)[9]) {
+__device__ __forceinline__ void window3x3(const input_t* __restrict__ x, const ImageShape& s, int row, float (&xs)[9]) {
   const int ow = row % (s.w - 2);
   const int oh = (row / (s.w - 2)) % (s.h - 2);
   const int n = row / ((s.w - 2) * (s.h - 2));
@@ -181,7 +180,7 @@ constexpr int kConvGroup = 8;
 
 template <class scalar_t, class input_t>
 __global__ void conv3x3_forward_kernel(const input_t* __restrict__ x, const scalar_t* __restrict__ weight,
-                                       const scalar_t* __restrict__ bias, scalar_t* __restrict__ y, ConvShape s) {
+                                       const scalar_t* __restrict__ bias, scalar_t* __restrict__ y, ImageShape s) {
   extern __shared__ float weights_and_bias[];  // [channels * 9] weights, then [channels] bias
   float* w = weights_and_bias;
   float* b = weights_and_bias + s.channels * 9;
@@ -215,7 +214,7 @@ __global__ void conv3x3_forward_kernel(const input_t* __restrict__ x, const scal
 constexpr int kConvBackwardGroup = 4;
 template <class scalar_t, class input_t>
 __global__ void conv3x3_backward_kernel(const scalar_t* __restrict__ grad_y, const scalar_t* __restrict__ y,
-                                        const input_t* __restrict__ x, float* __restrict__ partial, ConvShape s) {
+                                        const input_t* __restrict__ x, float* __restrict__ partial, ImageShape s) {
   extern __shared__ float warp_sums[];  // [warps][channels * 10]
   const int groups = s.channels / kConvBackwardGroup;  // divides 32: a thread's channels stay the same
   const int first_channel = (threadIdx.x % groups) * kConvBackwardGroup;
@@ -293,6 +292,10 @@ bool dense_one_channel(const at::Tensor& x) {
          (x.size(0) == 1 || x.stride(0) == x.size(2) * x.size(3));
 }
 
+ImageShape shape_of(const at::Tensor& x, int64_t channels) {
+  return {static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)), static_cast<int>(channels)};
+}
+
 // The shared-memory tile of one pooled row.
 size_t pool_tile_bytes(const at::Tensor& x) { return x.size(1) * (x.size(3) / 2) * x.element_size(); }
 
@@ -306,8 +309,7 @@ bool bias_relu_max_pool2_supported(const at::Tensor& x, const at::Tensor& bias) 
 at::Tensor bias_relu_max_pool2_forward(const at::Tensor& x, const at::Tensor& bias) {
   TORCH_CHECK(bias_relu_max_pool2_supported(x, bias), "amplab bias_relu_max_pool2: unsupported input");
   c10::cuda::CUDAGuard guard(x.device());
-  const PoolShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                    static_cast<int>(x.size(1))};
+  const ImageShape s = shape_of(x, x.size(1));
   at::Tensor y = at::empty({s.n, s.channels, s.pooled_h(), s.pooled_w()}, x.options());  // NCHW contiguous
   AMPLAB_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "amplab_pool_forward", [&] {
     pool_forward_kernel<scalar_t><<<s.n * s.pooled_h(), kThreads, pool_tile_bytes(x), at::cuda::getCurrentCUDAStream()>>>(
@@ -320,8 +322,7 @@ at::Tensor bias_relu_max_pool2_forward(const at::Tensor& x, const at::Tensor& bi
 std::pair<at::Tensor, at::Tensor> bias_relu_max_pool2_backward(const at::Tensor& grad_y_any, const at::Tensor& x,
                                                                const at::Tensor& bias) {
   c10::cuda::CUDAGuard guard(x.device());
-  const PoolShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                    static_cast<int>(x.size(1))};
+  const ImageShape s = shape_of(x, x.size(1));
   TORCH_CHECK(grad_y_any.dim() == 4 && grad_y_any.size(0) == s.n && grad_y_any.size(1) == s.channels &&
                   grad_y_any.size(2) == s.pooled_h() && grad_y_any.size(3) == s.pooled_w() &&
                   grad_y_any.scalar_type() == x.scalar_type(),
@@ -358,7 +359,7 @@ bool conv3x3_bias_relu_supported(const at::Tensor& x, const at::Tensor& weight, 
 namespace {
 
 // Forward: a thread per position and kConvGroup channels, at most a full GPU.
-int conv3x3_forward_blocks(const ConvShape& s) {
+int conv3x3_forward_blocks(const ImageShape& s) {
   const int64_t threads = int64_t{s.out_rows()} * (s.channels / kConvGroup);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + kThreads - 1) / kThreads, max_resident_blocks())));
 }
@@ -368,7 +369,7 @@ int conv3x3_backward_blocks() { return 2 * at::cuda::getCurrentDeviceProperties(
 
 template <class scalar_t, class input_t>
 void launch_conv3x3_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& y,
-                            const ConvShape& s) {
+                            const ImageShape& s) {
   conv3x3_forward_kernel<scalar_t, input_t><<<conv3x3_forward_blocks(s), kThreads, s.channels * 10 * sizeof(float),
                                               at::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<input_t>(), weight.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(),
@@ -378,7 +379,7 @@ void launch_conv3x3_forward(const at::Tensor& x, const at::Tensor& weight, const
 
 template <class scalar_t, class input_t>
 void launch_conv3x3_backward(const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& x, at::Tensor& partial,
-                             const ConvShape& s) {
+                             const ImageShape& s) {
   conv3x3_backward_kernel<scalar_t, input_t><<<partial.size(0), kThreads, (kThreads / 32) * s.channels * 10 * sizeof(float),
                                                at::cuda::getCurrentCUDAStream()>>>(
       grad_y.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), x.const_data_ptr<input_t>(),
@@ -391,8 +392,7 @@ void launch_conv3x3_backward(const at::Tensor& grad_y, const at::Tensor& y, cons
 at::Tensor conv3x3_bias_relu_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK(conv3x3_bias_relu_supported(x, weight, bias), "amplab conv3x3_bias_relu: unsupported input");
   c10::cuda::CUDAGuard guard(x.device());
-  const ConvShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                    static_cast<int>(weight.size(0))};
+  const ImageShape s = shape_of(x, weight.size(0));
   at::Tensor y = at::empty({s.n, s.channels, s.h - 2, s.w - 2}, weight.options().memory_format(at::MemoryFormat::ChannelsLast));
   AMPLAB_DISPATCH_FLOAT_HALF_BF16(weight.scalar_type(), "amplab_conv3x3_forward", [&] {
     if (x.scalar_type() == at::kFloat)
@@ -406,8 +406,7 @@ at::Tensor conv3x3_bias_relu_forward(const at::Tensor& x, const at::Tensor& weig
 std::pair<at::Tensor, at::Tensor> conv3x3_bias_relu_backward(const at::Tensor& grad_y_any, const at::Tensor& y,
                                                              const at::Tensor& x, const at::Tensor& weight) {
   c10::cuda::CUDAGuard guard(x.device());
-  const ConvShape s{static_cast<int>(x.size(0)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                    static_cast<int>(weight.size(0))};
+  const ImageShape s = shape_of(x, weight.size(0));
   const at::Tensor grad_y = grad_y_any.contiguous(at::MemoryFormat::ChannelsLast);
   const int blocks = conv3x3_backward_blocks();
   at::Tensor partial = at::empty({blocks, s.channels * 10}, x.options().dtype(at::kFloat));
