@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,17 @@ struct Mlp : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
 };
+
+// The golden tests (here and in optimizer_test.cpp) replay fixtures recorded by PyTorch to the
+// last bit. Both sides pin the CPU kernels: ATen's scalar ones and MKL's SSE2 path (conditional
+// bitwise reproducibility), as tests/fixtures/make_*_golden.py do, so that the bits do not depend
+// on the machine's vector units (AVX2 and AVX-512 kernels sum in other orders). Set before main(),
+// before any torch op or MKL call reads them, for the whole core_test process.
+const bool kCpuKernelsPinned = [] {
+  setenv("ATEN_CPU_CAPABILITY", "default", /*overwrite=*/1);
+  setenv("MKL_CBWR", "COMPATIBLE", 1);
+  return true;
+}();
 
 class GradScalerGolden : public ::testing::TestWithParam<int> {};
 
