@@ -115,7 +115,7 @@ StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>
     // 2. Backward pass of the scaled loss. Dividing by the group size makes the accumulated
     //    gradient the mean over all micro-batches, as one big batch would give.
     enter(Phase::backward);
-    if (sync_) sync_->before_backward(/*reduce_after_this=*/last);
+    if (sync_) sync_->before_backward(loss, /*reduce_after_this=*/last);
     scaler_.scale(loss / static_cast<double>(group_size)).backward();
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach().clone();
   }

@@ -117,7 +117,9 @@ class GradientSync {
  public:
   virtual ~GradientSync() = default;
   virtual void before_forward() {}                       // e.g. broadcast buffers from rank 0
-  virtual void before_backward(bool reduce_after_this) = 0;  // false inside an accumulation group
+  // Between forward and backward; `loss` is the micro-batch's loss (its graph is what backward
+  // runs); reduce_after_this is false inside an accumulation group.
+  virtual void before_backward(const torch::Tensor& loss, bool reduce_after_this) = 0;
   virtual void finish() = 0;                             // wait for all-reduces; grads averaged
   // Whether finish_stepping_each_bucket may update `params` (the optimizer's): all of them are
   // reduced in buckets, and the user has not turned it off.

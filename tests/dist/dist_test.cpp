@@ -193,7 +193,8 @@ TEST(World, BadOrMissingVariablesNameTheVariableAndItsRange) {
 
 TEST(DistConfig, YamlKeysDefaultsAndErrors) {
   dist::DistConfig config;
-  ConfigSource::parse("backend: cpu\nbucket_mb: 0.5\noverlap: false\nstep_each_bucket: false\n", "dist.yaml").bind(config);
+  ConfigSource::parse("backend: cpu\nbucket_mb: 0.5\noverlap: false\nstep_each_bucket: false\ncompression: bf16\n", "dist.yaml")
+      .bind(config);
   EXPECT_EQ(config.backend, dist::Backend::cpu);
   EXPECT_EQ(config.bucket_mb, 0.5);
   EXPECT_FALSE(config.overlap);
@@ -201,11 +202,15 @@ TEST(DistConfig, YamlKeysDefaultsAndErrors) {
   EXPECT_TRUE(config.broadcast_buffers);
   EXPECT_TRUE(config.nccl_high_priority);
   EXPECT_EQ(config.timeout_s, 300);
+  EXPECT_EQ(config.compression, dist::Compression::bf16);
+  EXPECT_EQ(dist::DistConfig{}.compression, dist::Compression::none);  // PyTorch's default: exact fp32 averages
   dist::DistConfig bad;
   EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("backend: gloo\n", "dist.yaml").bind(bad); },
                                 {"dist.yaml", "backend", "gloo", "auto", "nccl", "cpu"}));
   EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("timeout_s: 0\n", "dist.yaml").bind(bad); },
                                 {"timeout_s", "> 0"}));
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("compression: fp8\n", "dist.yaml").bind(bad); },
+                                {"dist.yaml", "compression", "fp8", "none", "bf16"}));
 }
 
 TEST(DistConfig, BackendResolution) {
@@ -248,7 +253,10 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
   config.bucket_mb = 512.0 / (1024 * 1024);
   dist::DistributedDataParallel ddp(model, comm, config);
   using Names = std::vector<std::vector<std::string>>;
-  EXPECT_EQ(ddp.bucket_layout(), (Names{{"fc2.bias"}, {"fc2.weight"}, {"fc1.bias", "fc1.weight"}}));
+  // PyTorch's assignment: fc2.weight (1 KiB) closes the first bucket; both of fc2's parameters
+  // are reduced in their own .grad, fc1's two share the second bucket's flat buffer.
+  EXPECT_EQ(ddp.bucket_layout(), (Names{{"fc2.bias", "fc2.weight"}, {"fc1.bias", "fc1.weight"}}));
+  EXPECT_EQ(ddp.parameters_sharing_a_buffer(), (std::vector<std::string>{"fc1.weight", "fc1.bias"}));
 
   torch::optim::SGD a(model->parameters(), 0.1), b(plain->parameters(), 0.1);
   for (int step = 0; step < 3; ++step) {
@@ -271,9 +279,9 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
     }
   }
   EXPECT_EQ(ddp.stats().syncs, 3);
-  EXPECT_EQ(ddp.stats().buckets_during_backward, 3 * 3);
-  // Steps 0 and 2 reset .grad to none: one copy per parameter of the shared bucket; fc2's
-  // parameters have buckets of their own and keep their .grad.
+  EXPECT_EQ(ddp.stats().buckets_during_backward, 3 * 2);
+  // Steps 0 and 2 reset .grad to none: one copy per parameter of the shared buffer; fc2's
+  // parameters are reduced in their own .grad.
   EXPECT_EQ(ddp.stats().grad_copies, 2 * 2);
 }
 
@@ -441,6 +449,22 @@ TEST(Ddp, UnusedParametersAndTheOneBackwardRule) {
   EXPECT_TRUE(contains(o.output, "got no gradient on rank 1")) << o.output;  // the warning, once
 }
 
+// dist.compression=bf16 leaves in .grad exactly what PyTorch's bf16_compress_hook gives (on two
+// ranks, against a fixture recorded from PyTorch's DDP itself), whether
+// DDP takes a gradient before autocast's cast to fp32 or rounds an fp32 one (3 ranks: the average
+// is not a power of two, so DDP divides before the sum, as the hook does).
+TEST(Ddp, Bf16CompressionGivesTheResultOfPyTorchsBf16CompressHook) {
+  for (int world : {2, 3}) {
+    Outcome o = launch(world, {"compress"});
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    EXPECT_TRUE(all_ranks_ok(o, world, "bf16 compression under bf16 autocast = PyTorch's bf16_compress_hook"));
+    EXPECT_TRUE(all_ranks_ok(o, world, "bf16 compression of fp32 and of accumulated gradients = PyTorch's bf16_compress_hook"));
+    if (world == 2) {  // the PyTorch fixture was recorded on two ranks
+      EXPECT_TRUE(all_ranks_ok(o, 2, "bf16 compression = PyTorch's DDP with bf16_compress_hook, bit for bit"));
+    }
+  }
+}
+
 TEST(Ddp, DifferentModelsOnTheRanksFailWithAClearError) {
   Outcome o = launch(2, {"mismatch"}, 60);
   EXPECT_EQ(o.exit_code, 2) << o.output;
@@ -476,6 +500,11 @@ TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
   Outcome unused = launch(2, {"unused", "--nccl"}, 120);
   ASSERT_EQ(unused.exit_code, 0) << unused.output;
   EXPECT_TRUE(all_ranks_ok(unused, 2, "a parameter unused on all ranks"));
+  Outcome compress = launch(2, {"compress", "--nccl"}, 120);
+  ASSERT_EQ(compress.exit_code, 0) << compress.output;
+  EXPECT_TRUE(all_ranks_ok(compress, 2, "bf16 compression = PyTorch's DDP with bf16_compress_hook, bit for bit"));
+  EXPECT_TRUE(all_ranks_ok(compress, 2, "bf16 compression under bf16 autocast = PyTorch's bf16_compress_hook"));
+  EXPECT_TRUE(all_ranks_ok(compress, 2, "bf16 compression of fp32 and of accumulated gradients = PyTorch's bf16_compress_hook"));
   Outcome mismatch = launch(2, {"mismatch", "--nccl"}, 120);
   EXPECT_EQ(mismatch.exit_code, 2) << mismatch.output;
   EXPECT_TRUE(contains(mismatch.output, "DDP: the model differs across ranks")) << mismatch.output;

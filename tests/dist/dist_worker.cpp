@@ -20,15 +20,19 @@
 #include "amplab/dist/world.hpp"
 #include "amplab/dist/trainer_sync.hpp"
 #include "amplab/error.hpp"
+#include "amplab/precision.hpp"
 #include "amplab/trainer.hpp"
+#include "support.hpp"
 
 namespace {
 
 using namespace amplab;
 using dist::DistributedDataParallel;
 
-// 512 bytes: splits the test MLP into three buckets ([fc3.bias, fc3.weight, fc2.bias],
-// [fc2.weight], [fc1.bias, fc1.weight]), so bucket ordering and partial buckets are exercised.
+// 512 bytes: splits the test MLP into two buckets, [fc3.bias, fc3.weight, fc2.bias, fc2.weight]
+// (closed by fc2.weight, 1 KiB, which is reduced in its own .grad beside the other three's flat
+// buffer) and [fc1.bias, fc1.weight] (never full, sent when complete): bucket ordering, both kinds
+// of part, and partial buckets are exercised.
 constexpr double kTinyBucketMb = 512.0 / (1024 * 1024);
 constexpr int64_t kIn = 6, kHidden = 16, kOut = 3;
 constexpr double kLr = 0.1;
@@ -111,6 +115,12 @@ struct Mlp : torch::nn::Module {
 torch::Tensor flat_params(torch::nn::Module& m) {
   std::vector<torch::Tensor> pieces;
   for (const auto& p : m.parameters()) pieces.push_back(p.detach().reshape({-1}));
+  return torch::cat(pieces).cpu();
+}
+
+torch::Tensor flat_grads(torch::nn::Module& m) {
+  std::vector<torch::Tensor> pieces;
+  for (const auto& p : m.parameters()) pieces.push_back(p.grad().reshape({-1}));
   return torch::cat(pieces).cpu();
 }
 
@@ -224,7 +234,7 @@ struct Trained {
   torch::Tensor params;
   DistributedDataParallel::Stats stats;
   size_t buckets = 0;
-  int64_t shared = 0;  // parameters in buckets of more than one (the others keep their own .grad)
+  int64_t shared = 0;  // parameters sharing a flat buffer (the others are reduced in their own .grad)
 };
 
 constexpr int kSteps = 4;
@@ -289,9 +299,7 @@ Trained train_ddp(const std::shared_ptr<dist::Communicator>& comm, const Variant
     expect_same_on_all_ranks(*comm, flat_params(*model), name + ": parameters equal on all ranks after step " +
                                                              std::to_string(step));
   }
-  int64_t shared = 0;
-  for (const auto& bucket : ddp.bucket_layout())
-    if (bucket.size() > 1) shared += static_cast<int64_t>(bucket.size());
+  auto shared = static_cast<int64_t>(ddp.parameters_sharing_a_buffer().size());
   return {flat_params(*model), ddp.stats(), ddp.bucket_layout().size(), shared};
 }
 
@@ -306,8 +314,8 @@ int ddp() {
 
   Trained views = train_ddp(comm, {}, "overlap");
   expect_close(views.params, reference, rtol, atol, "DDP with batch B on W ranks = one process with batch W*B");
-  expect(views.buckets == 3, "three buckets", std::to_string(views.buckets));
-  expect(views.stats.buckets_during_backward == kSteps * 3 && views.stats.buckets_at_finish == 0,
+  expect(views.buckets == 2, "two buckets", std::to_string(views.buckets));
+  expect(views.stats.buckets_during_backward == kSteps * 2 && views.stats.buckets_at_finish == 0,
          "overlap: every bucket launched during backward",
          std::to_string(views.stats.buckets_during_backward) + " during, " +
              std::to_string(views.stats.buckets_at_finish) + " at finish");
@@ -317,7 +325,7 @@ int ddp() {
 
   Trained serial = train_ddp(comm, {.overlap = false}, "no overlap");
   expect_same_result(serial.params, views.params, "overlap off gives the same result as overlap on");
-  expect(serial.stats.buckets_during_backward == 0 && serial.stats.buckets_at_finish == kSteps * 3,
+  expect(serial.stats.buckets_during_backward == 0 && serial.stats.buckets_at_finish == kSteps * 2,
          "overlap off: every bucket launched at finish");
   ok("overlap off = overlap on");
 
@@ -376,8 +384,8 @@ int step_each_bucket() {
   for (const std::string optimizer : {"sgd", "adamw"}) {
     auto [each, each_stats] = train_with_trainer(comm, optimizer, true);
     auto [once, once_stats] = train_with_trainer(comm, optimizer, false);
-    expect(each_stats.buckets_handed_over == kSteps * 3 && once_stats.buckets_handed_over == 0,
-           "fused " + optimizer + ": the trainer steps each of the 3 buckets as it arrives only when asked to",
+    expect(each_stats.buckets_handed_over == kSteps * 2 && once_stats.buckets_handed_over == 0,
+           "fused " + optimizer + ": the trainer steps each of the 2 buckets as it arrives only when asked to",
            std::to_string(each_stats.buckets_handed_over) + " and " + std::to_string(once_stats.buckets_handed_over));
     expect_same_result(each, once, "fused " + optimizer + ": stepping each bucket = one step after all buckets");
     expect_same_on_all_ranks(*comm, each, "fused " + optimizer + ": parameters equal on all ranks");
@@ -399,9 +407,9 @@ int accumulate() {
   // averages each then sums. Same value up to rounding.
   expect_close(local.params, synced.params, 1e-5, 1e-6, "accumulation under no_sync = synchronizing every micro-step");
   expect_close(local.params, reference, 1e-5, 1e-6, "accumulation = one process with the whole batch");
-  expect(local.stats.buckets_during_backward == kSteps * 3, "no_sync: one all-reduce per bucket per step",
+  expect(local.stats.buckets_during_backward == kSteps * 2, "no_sync: one all-reduce per bucket per step",
          std::to_string(local.stats.buckets_during_backward));
-  expect(synced.stats.buckets_during_backward == kSteps * kMicro * 3, "without no_sync: one per micro-step",
+  expect(synced.stats.buckets_during_backward == kSteps * kMicro * 2, "without no_sync: one per micro-step",
          std::to_string(synced.stats.buckets_during_backward));
   ok("accumulation with no_sync = without (" + std::to_string(local.stats.buckets_during_backward) + " vs " +
      std::to_string(synced.stats.buckets_during_backward) + " bucket all-reduces)");
@@ -409,6 +417,138 @@ int accumulate() {
       comm, {.set_to_none = true, .bucket_per_parameter = true, .micro_steps = kMicro, .no_sync = true}, "no_sync, in place");
   expect_close(in_place.params, reference, 1e-5, 1e-6, "accumulation with a bucket per parameter = one process");
   ok("accumulation into gradients all-reduced in place");
+  comm->shutdown();
+  return 0;
+}
+
+// ---------------------------------------------------------------- bf16 compression
+
+// What PyTorch's bf16_compress_hook makes of the ranks' gradients g_r: bf16(g_r) / W, summed in
+// bf16 in rank order (the cpu backend's order; NCCL's sum of two ranks rounds the same), back to
+// fp32.
+torch::Tensor hook_average(dist::Communicator& comm, const torch::Tensor& mine) {
+  auto all = comm.all_gather_bytes(bytes_of(mine.to(torch::kBFloat16)));
+  const int W = comm.size();
+  torch::Tensor sum;
+  for (int r = 0; r < W; ++r) {
+    auto g = torch::from_blob(all[r].data(), mine.sizes(), torch::kBFloat16).clone().div_(W);
+    sum = r == 0 ? g : sum.add_(g);
+  }
+  return sum.to(torch::kFloat32);
+}
+
+struct CompressVariant {
+  std::string name;
+  Precision precision = Precision::bf16_mixed;
+  bool bucket_per_parameter = false;
+  int micro_steps = 1;  // > 1: accumulation under no_sync
+};
+
+// DDP with dist.compression=bf16 leaves in .grad what the hook gives for the gradients the same
+// forward/backward leaves in a plain twin model on each rank, bit for bit. Returns how many
+// gradients were taken before autocast's cast.
+int64_t check_compressed_gradients(const std::shared_ptr<dist::Communicator>& comm, const CompressVariant& v) {
+  const int r = comm->rank();
+  torch::manual_seed(100);  // the same weights everywhere, so the twin needs no broadcast
+  auto model = std::make_shared<Mlp>();
+  torch::manual_seed(100);
+  auto twin = std::make_shared<Mlp>();
+  model->to(g_device);
+  twin->to(g_device);
+  dist::DistConfig config;
+  config.bucket_mb = v.bucket_per_parameter ? 1e-6 : kTinyBucketMb;
+  config.compression = dist::Compression::bf16;
+  DistributedDataParallel ddp(model, comm, config);
+  for (int step = 0; step < 2; ++step) {
+    auto [x_cpu, y_cpu] = global_batch(step, comm->size(), v.micro_steps);
+    auto x = on_device(x_cpu), y = on_device(y_cpu);
+    for (auto* m : {model.get(), twin.get()})
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+    for (int micro = 0; micro < v.micro_steps; ++micro) {
+      int64_t first = (static_cast<int64_t>(r) * v.micro_steps + micro) * kMicroBatch;
+      auto xs = x.narrow(0, first, kMicroBatch), ys = y.narrow(0, first, kMicroBatch);
+      std::optional<DistributedDataParallel::NoSync> local;
+      if (micro + 1 < v.micro_steps) local.emplace(ddp);
+      torch::Tensor loss, twin_loss;
+      {
+        AutocastGuard autocast(g_device, v.precision);
+        loss = torch::mse_loss(model->forward(xs).to(torch::kFloat32), ys);
+        twin_loss = torch::mse_loss(twin->forward(xs).to(torch::kFloat32), ys);
+      }
+      ddp.prepare_for_backward(loss);
+      loss.backward();
+      twin_loss.backward();
+    }
+    ddp.finish_gradient_sync();
+    auto names = model->named_parameters();
+    auto twin_params = twin->parameters();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& grad = names[i].value().grad();
+      auto expected = hook_average(*comm, twin_params[i].grad()).to(g_device);
+      expect(grad.defined() && grad.scalar_type() == torch::kFloat32, v.name + ": " + names[i].key() + " has an fp32 .grad");
+      expect(bytes_of(grad) == bytes_of(expected), v.name + ": " + names[i].key() + " = bf16_compress_hook's average",
+             "largest difference " + std::to_string((grad - expected).abs().max().item<double>()));
+    }
+    expect_same_on_all_ranks(*comm, flat_grads(*model), v.name + ": gradients equal on all ranks");
+    // A step of the DDP model, copied into the twin: the next step starts from other weights.
+    torch::NoGradGuard no_grad;
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].sub_(params[i].grad(), kLr);
+      twin_params[i].copy_(params[i]);
+    }
+  }
+  return ddp.stats().reduced_before_cast;
+}
+
+// PyTorch's own DDP with bf16_compress_hook, on two gloo ranks, left these gradients
+// (tests/fixtures/make_bf16_compress_golden.py): rank r's parameter p has the gradient c_r, from
+// loss = sum(p * c_r) ("fp32") or from a bf16 cast of p ("bf16", as autocast casts a weight).
+// The same here, bit for bit; a NaN is a NaN (its sign and payload are the reduction's own).
+void check_against_pytorchs_hook(const std::shared_ptr<dist::Communicator>& comm) {
+  auto fixture = test::load_fixture("bf16_compress_golden.json");
+  auto c = test::tensor_from_bits(fixture.at("gradients").at(comm->rank())).to(g_device);
+  for (const std::string kind : {"fp32", "bf16"}) {
+    auto module = std::make_shared<torch::nn::Module>();
+    auto p = module->register_parameter("p", torch::zeros({c.numel()}, g_device));
+    dist::DistConfig config;
+    config.compression = dist::Compression::bf16;
+    DistributedDataParallel ddp(module, comm, config);
+    auto loss = kind == "bf16" ? (p.to(torch::kBFloat16) * c.to(torch::kBFloat16)).to(torch::kFloat32).sum() : (p * c).sum();
+    ddp.prepare_for_backward(loss);
+    loss.backward();
+    ddp.finish_gradient_sync();
+    auto actual = p.grad().cpu(), expected = test::tensor_from_bits(fixture.at("expected").at(kind));
+    const std::string check = "dist.compression=bf16 = PyTorch DDP with bf16_compress_hook (" + kind + " gradients)";
+    expect(torch::equal(actual.isnan(), expected.isnan()), check, "NaN at other places");
+    auto numbers = ~expected.isnan();
+    expect(torch::equal(actual.masked_select(numbers).view(torch::kInt32), expected.masked_select(numbers).view(torch::kInt32)),
+           check, "the bits differ");
+    expect(ddp.stats().reduced_before_cast == (kind == "bf16" ? 1 : 0), check + ": taken before the cast only from a cast",
+           std::to_string(ddp.stats().reduced_before_cast));
+  }
+  ok("bf16 compression = PyTorch's DDP with bf16_compress_hook, bit for bit");
+}
+
+int compress() {
+  auto comm = connect();
+  if (comm->size() == 2) check_against_pytorchs_hook(comm);
+  const int64_t steps = 2;
+  // bf16 autocast: a weight's or bias's gradient leaves autocast's cast; those alone in their
+  // bucket are taken before it (fc2.weight with the tiny buckets, all six with a bucket each).
+  int64_t taken = check_compressed_gradients(comm, {"bf16-mixed, shared buckets"});
+  expect(taken == steps * 1, "shared buckets: only fc2.weight, alone in its bucket, is taken before the cast",
+         std::to_string(taken));
+  taken = check_compressed_gradients(comm, {"bf16-mixed, a bucket per parameter", Precision::bf16_mixed, true});
+  expect(taken == steps * 6, "a bucket per parameter: all six gradients are taken before the cast", std::to_string(taken));
+  ok("bf16 compression under bf16 autocast = PyTorch's bf16_compress_hook");
+  // No cast to take the gradient from: every bucket is rounded to bf16 when it is sent.
+  taken = check_compressed_gradients(comm, {"fp32, a bucket per parameter", Precision::fp32, true});
+  expect(taken == 0, "fp32: no gradient comes from a cast", std::to_string(taken));
+  // Accumulation: the hook rounds the accumulated gradient, so nothing is taken before a cast.
+  taken = check_compressed_gradients(comm, {"bf16-mixed, no_sync accumulation", Precision::bf16_mixed, true, 3});
+  expect(taken == 0, "accumulation: the accumulated fp32 gradient is what is sent", std::to_string(taken));
+  ok("bf16 compression of fp32 and of accumulated gradients = PyTorch's bf16_compress_hook");
   comm->shutdown();
   return 0;
 }
@@ -600,6 +740,7 @@ int run(int argc, char** argv) {
   if (scenario == "accumulate") return accumulate();
   if (scenario == "step_each_bucket") return step_each_bucket();
   if (scenario == "unused") return unused();
+  if (scenario == "compress") return compress();
   if (scenario == "mismatch") return mismatch();
   auto arg = [&](size_t i, const std::string& fallback) { return args.size() > i ? args[i] : fallback; };
   if (scenario == "die") return die(std::stoi(arg(1, "1")), std::stod(arg(2, "120")));
@@ -608,7 +749,7 @@ int run(int argc, char** argv) {
   if (scenario == "bench")
     return bench(std::stoll(arg(1, "1024")), std::stoi(arg(2, "4")), std::stoi(arg(3, "20")), std::stoll(arg(4, "64")));
   throw Error("dist_worker: unknown scenario '" + scenario +
-              "'; use collectives, ddp, accumulate, unused, mismatch, die [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps [batch]]]]; add --nccl for GPUs");
+              "'; use collectives, ddp, accumulate, step_each_bucket, unused, compress, mismatch, die [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps [batch]]]]; add --nccl for GPUs");
 }
 
 }  // namespace

@@ -17,6 +17,21 @@ class DoneWork final : public Work {
   void wait() override {}
 };
 
+class CopyAfterWork final : public Work {
+ public:
+  CopyAfterWork(std::shared_ptr<Work> work, std::vector<torch::Tensor> from, std::vector<torch::Tensor> to)
+      : work_(std::move(work)), from_(std::move(from)), to_(std::move(to)) {}
+  void wait() override {
+    work_->wait();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < to_.size(); ++i) to_[i].copy_(from_[i]);
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  std::vector<torch::Tensor> from_, to_;
+};
+
 // One process: the local tensors already are the sum over all (one) ranks.
 class SingleCommunicator final : public Communicator {
  public:
@@ -50,6 +65,12 @@ std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo&, const Dis
 #endif
 
 }  // namespace detail
+
+std::shared_ptr<Work> Communicator::then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
+                                              std::vector<torch::Tensor> to) {
+  if (from.size() != to.size()) throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
+  return std::make_shared<detail::CopyAfterWork>(std::move(work), std::move(from), std::move(to));
+}
 
 std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device) {
   if (!world.is_distributed()) return "single";

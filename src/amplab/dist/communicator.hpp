@@ -54,6 +54,12 @@ class Communicator {
     for (auto& t : tensors) t.div_(size());
     return all_reduce_sum(std::move(tensors));
   }
+  // Once `work` is done, copies each `from` into its `to` (converting the dtype); wait() on the result
+  // covers both. NCCL does the copy on a side stream that waits for the collective, so that it
+  // runs beside whatever the caller queues next (DDP writes bf16-compressed gradients back into
+  // fp32 this way while backward goes on); the default does it in wait().
+  virtual std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
+                                          std::vector<torch::Tensor> to);
   // Copies rank `root`'s tensors into every rank's tensors (in place); returns when done.
   virtual void broadcast(std::vector<torch::Tensor> tensors, int root) = 0;
   // Every rank's bytes, indexed by rank. For small metadata (parameter names and shapes), not

@@ -11,18 +11,23 @@
 //       if (m + 1 < M) local.emplace(ddp);                         // accumulate locally, no traffic
 //       ddp.before_forward();                                      // rank 0's buffers
 //       auto loss = loss_fn(model->forward(x_m), y_m) / M;
+//       ddp.prepare_for_backward(loss);                            // optional: see "Compression"
 //       loss.backward();                                           // buckets all-reduce as grads get ready
 //     }
 //     ddp.finish_gradient_sync();                                  // before unscale/clip/step
 //     optimizer.step();
 //   }
 //
-// How gradients travel. Trainable parameters are grouped into buckets of about
-// DistConfig::bucket_mb, in reverse registration order (the order backward produces their
-// gradients: last layer first). A PostAccumulateGradHook on each parameter marks it ready once
-// autograd has added its gradient into .grad; when every parameter of a bucket is ready, and
-// all earlier buckets have gone, the bucket is divided by the world size and all-reduced (sum)
-// asynchronously, while backward goes on computing earlier layers. finish_gradient_sync() sends
+// How gradients travel. Trainable parameters are grouped into buckets as PyTorch groups them:
+// in reverse registration order (the order backward produces their gradients: last layer
+// first), each joins the open bucket, which closes once it holds DistConfig::bucket_mb or more;
+// so a parameter larger than the cap closes the bucket it joins, and a layer's bias travels with
+// its weight. A PostAccumulateGradHook on each parameter marks it ready once autograd has added
+// its gradient into .grad; when every parameter of a bucket is ready, and all earlier buckets
+// have gone, the bucket is averaged over the ranks by one asynchronous all-reduce (one NCCL
+// kernel: a second kernel per bucket would have to find free SMs between backward's matmuls
+// once more, and may wait a whole matmul for them), while backward goes on computing earlier
+// layers. finish_gradient_sync() sends
 // what is left and waits for everything. With overlap=false all buckets go at finish time (to
 // measure what overlap buys). Buckets always launch in the same order on every rank, which
 // collectives require. finish_gradient_sync(after_each_bucket) also hands each bucket's
@@ -32,16 +37,28 @@
 // at the end of backward) is still on the wire. Each parameter gets the update it would get from
 // one step over all of them.
 //
-// Where gradients live. A parameter alone in its bucket (any parameter larger than the cap,
-// such as a big weight) keeps its own .grad, which is all-reduced in place: autograd writes the
-// gradient there and nothing is copied. In a bucket of several parameters each .grad aliases
-// its slice of the bucket's flat buffer (PyTorch's gradient_as_bucket_view=True). With
+// Where gradients live. The parameter that closes its bucket by being larger than the cap (a
+// big weight), and any parameter with no other small one beside it, keeps its own .grad, which
+// is all-reduced in place: autograd writes the gradient there and nothing is copied. Two or more
+// smaller parameters of a bucket share its flat buffer: each .grad aliases its slice (PyTorch's
+// gradient_as_bucket_view=True), and the buffer is one piece of the bucket's all-reduce. With
 // zero_grad(false) autograd accumulates straight into the slice; with zero_grad()
 // (set_to_none, LibTorch's default and what the trainer uses: the next backward then writes
 // fresh gradients instead of adding to zeros) the hook copies each fresh gradient into its
 // slice and points .grad back at it, one copy per small parameter per step
 // (stats().grad_copies counts them). Do not keep references to .grad tensors across steps.
 
+// Compression (DistConfig::compression = bf16, off by default). Gradients travel as bfloat16,
+// half the bytes, with the result of PyTorch's bf16_compress_hook: each gradient rounded to bf16,
+// divided by the world size, summed across ranks in bf16, and written back into .grad in the
+// parameter's dtype. Under bf16 autocast a weight's gradient is computed in bf16 and only then
+// cast to fp32 (the backward of autocast's cast), so rounding it back to bf16 would change
+// nothing: prepare_for_backward(loss) finds such parameters (reduced in their own .grad, their
+// only gradient through that cast, nothing accumulated) and DDP reduces the bf16 gradient before
+// the cast, which it skips (stats().reduced_before_cast). The rest is cast to bf16 when sent. On
+// NCCL the averages are written back into fp32 on a side stream as each all-reduce ends, beside
+// backward (Communicator::then_copy). Not PyTorch's default: the average is rounded to bf16.
+//
 // Parameters that get no gradient in a step (a branch not taken on this rank) contribute zeros
 // to the average; after finish_gradient_sync() every trainable parameter has a defined .grad,
 // equal on all ranks, so all ranks step identically. Unlike a single process, where such a
@@ -94,6 +111,11 @@ class DistributedDataParallel {
   // broadcast_buffers is on and the model has buffers. Call before each forward.
   void before_forward();
 
+  // Optional, between forward and backward (Trainer::step calls it): with bf16 compression,
+  // looks through the graph of `loss` for parameters whose bf16 gradient can be all-reduced
+  // before autocast's cast to fp32 (see "Compression" above). Does nothing otherwise.
+  void prepare_for_backward(const torch::Tensor& loss);
+
   // Sends the buckets not sent during backward, waits for all of them, and leaves every
   // trainable parameter's .grad holding the average over ranks. Call after backward and before
   // GradScaler's unscale, gradient clipping and the optimizer step. Inside no_sync() it does
@@ -131,19 +153,28 @@ class DistributedDataParallel {
     int64_t grad_copies = 0;               // fresh .grad tensors copied into their bucket (set_to_none)
     int64_t unused_parameters = 0;         // parameter-steps without a gradient on this rank
     int64_t buckets_handed_over = 0;       // buckets passed to finish_gradient_sync's after_each_bucket
+    int64_t reduced_before_cast = 0;       // bf16 compression: gradients all-reduced before autocast's cast to fp32
   };
   Stats stats() const;
   // The parameter names of each bucket, in launch order (the last layer's first).
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // The parameters whose .grad is a slice of a bucket's flat buffer (the others are reduced in
+  // their own .grad).
+  std::vector<std::string> parameters_sharing_a_buffer() const;
 
  private:
   struct Slot;
   struct Bucket;
   class GradReadyHook;
+  class CastGradHook;
 
   void check_same_model_on_all_ranks(const std::vector<std::string>& signature);
   void build_buckets(double bucket_mb);
   void on_grad_ready(size_t slot);  // called by the hooks, from autograd's thread
+  // The bf16 gradient arriving at the backward of autocast's cast (prepare_for_backward's hook):
+  // returns what the cast gets, nothing when DDP takes the gradient.
+  std::vector<torch::Tensor> on_cast_grad_ready(size_t slot, const std::vector<torch::Tensor>& grads);
+  void count_ready(Slot& slot);     // the bookkeeping both hooks share; launches complete buckets
   void launch(size_t bucket, bool during_backward);
   void reset_step();
 
@@ -152,6 +183,7 @@ class DistributedDataParallel {
   bool overlap_;
   bool broadcast_buffers_;
   bool step_each_bucket_;
+  Compression compression_;
   std::vector<torch::Tensor> buffers_;
 
   mutable std::mutex mutex_;  // the hooks run on autograd's thread (the device thread for CUDA)

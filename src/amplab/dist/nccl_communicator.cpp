@@ -9,7 +9,10 @@
 // missing ranks. A GPU collective that exceeds dist.timeout_s is caught by torch's NCCL watchdog,
 // which logs the collective and aborts the process (TORCH_NCCL_ASYNC_ERROR_HANDLING's default);
 // the launcher then stops the other ranks and names the one that failed.
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -17,7 +20,9 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 
+#include "amplab/cuda/convert.hpp"
 #include "amplab/dist/backends.hpp"
 #include "amplab/dist/rendezvous.hpp"
 #include "amplab/error.hpp"
@@ -47,6 +52,16 @@ class NcclWork final : public Work {
   std::string what_;
 };
 
+// Work queued on a side stream: wait() makes the current stream wait for it.
+class SideStreamWork final : public Work {
+ public:
+  explicit SideStreamWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(done_->device_index())); }
+
+ private:
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+};
+
 // Several collectives in flight as one: wait() waits for each.
 class WorkGroup final : public Work {
  public:
@@ -73,6 +88,7 @@ class NcclCommunicator final : public Communicator {
                   "CUDA_VISIBLE_DEVICES");
     }
     c10::cuda::set_device(device_.index());
+    copy_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
 
     store_ = connect_store(world_, timeout_);
     // Our own connection to the store, apart from the one NCCL's process group uses.
@@ -143,6 +159,28 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // The copy runs on a side stream of ours that waits for the collective, not on the caller's
+  // stream, which goes on with its own work (backward's kernels) meanwhile. `from` and `to` are
+  // the caller's: it keeps them alive until it has waited on the result.
+  std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
+                                  std::vector<torch::Tensor> to) override {
+    if (from.size() != to.size()) throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
+    check_device(from, "then_copy");
+    check_device(to, "then_copy");
+    c10::cuda::CUDAStreamGuard on_side(*copy_stream_);
+    work->wait();  // the side stream waits for the collective
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < to.size(); ++i) {
+        if (cuda::bf16_to_float_supported(from[i], to[i])) cuda::bf16_to_float(from[i], to[i]);  // copy_, faster
+        else to[i].copy_(from[i]);
+      }
+    }
+    auto done = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
+    done->record(*copy_stream_);
+    return std::make_shared<SideStreamWork>(std::move(done));
+  }
+
   void broadcast(std::vector<torch::Tensor> tensors, int root) override {
     check_device(tensors, "broadcast");
     std::string what = "nccl broadcast #" + std::to_string(++issued_) + " from rank " + std::to_string(root);
@@ -210,6 +248,7 @@ class NcclCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<StoreExchange> exchange_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> group_;
+  std::optional<c10::cuda::CUDAStream> copy_stream_;  // then_copy's side stream
   std::atomic<int64_t> issued_{0};  // GPU collectives issued (for messages); DDP issues from autograd's thread
   int64_t host_issued_ = 0;         // store-based ones
   bool finished_ = false;

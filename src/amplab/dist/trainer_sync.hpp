@@ -18,9 +18,10 @@ class DdpGradientSync : public GradientSync {
  public:
   explicit DdpGradientSync(DistributedDataParallel& ddp) : ddp_(ddp) {}
   void before_forward() override { ddp_.before_forward(); }
-  void before_backward(bool reduce_after_this) override {
+  void before_backward(const torch::Tensor& loss, bool reduce_after_this) override {
     if (reduce_after_this) local_.reset();
     else if (!local_) local_.emplace(ddp_);
+    ddp_.prepare_for_backward(loss);
   }
   void finish() override {
     local_.reset();

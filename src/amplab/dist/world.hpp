@@ -50,6 +50,16 @@ inline constexpr std::pair<Backend, const char*> kBackendNames[] = {
     {Backend::automatic, "auto"}, {Backend::nccl, "nccl"}, {Backend::cpu, "cpu"}};
 inline std::span<const std::pair<Backend, const char*>> enum_names(Backend) { return kBackendNames; }
 
+// The dtype gradients travel in.
+enum class Compression {
+  none,  // the parameters' own dtype (fp32): PyTorch DDP's default, an exact average
+  bf16,  // bfloat16, half the bytes: PyTorch's bf16_compress_hook (each gradient rounded to bf16,
+         // divided by the world size, summed in bf16, then written back in the parameter's dtype)
+};
+inline constexpr std::pair<Compression, const char*> kCompressionNames[] = {{Compression::none, "none"},
+                                                                            {Compression::bf16, "bf16"}};
+inline std::span<const std::pair<Compression, const char*>> enum_names(Compression) { return kCompressionNames; }
+
 // Settings of distributed runs, under `dist:` in a lab's YAML. Ignored by single-process runs.
 struct DistConfig {
   Backend backend = Backend::automatic;  // see Backend
@@ -60,6 +70,7 @@ struct DistConfig {
   bool step_each_bucket = true;          // fused optimizer, no loss scaling, no clipping: update each bucket
                                          // as soon as its all-reduce is done (Trainer::step)
   bool nccl_high_priority = true;        // NCCL's stream at high priority (TORCH_NCCL_HIGH_PRIORITY=1)
+  Compression compression = Compression::none;  // see Compression
 
   template <class V>
   void fields(V& v) {
@@ -75,6 +86,9 @@ struct DistConfig {
     v.field("step_each_bucket", step_each_bucket,
             "with a fused optimizer and neither loss scaling nor clipping, update each bucket's parameters as soon as "
             "its all-reduce is done (same result, the update overlaps the later all-reduces)");
+    v.field("compression", compression,
+            "dtype gradients travel in: none (the parameters' own, an exact average, PyTorch DDP's default) or bf16 "
+            "(half the bytes, the result of PyTorch's bf16_compress_hook)");
   }
 };
 
