@@ -3,8 +3,10 @@
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/ddp [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/ddp
 // A single process (no launcher) trains alone, which is the baseline.
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "amplab/app.hpp"
@@ -31,6 +33,7 @@ struct DdpBenchConfig {
   amplab::Precision precision = amplab::Precision::bf16_mixed;
   int warmup = 5;                                 // untimed steps
   int steps = 20;                                 // timed steps per setting
+  bool trace = false;                             // also write a Chrome trace of two steps per setting
 
   template <class V>
   void fields(V& v) {
@@ -41,6 +44,9 @@ struct DdpBenchConfig {
     v.field("precision", precision, "precision of the benchmark");
     v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
     v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
+    v.field("trace", trace,
+            "write trace_<setting>[_rank<r>].json (each rank's CPU ops and GPU kernels over two more steps; open in "
+            "ui.perfetto.dev or chrome://tracing) into the run directory");
   }
 };
 
@@ -140,21 +146,97 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   return identical ? amplab::kExitOk : amplab::kExitFailure;
 }
 
+// Splits each timed step into forward, backward and what follows backward, by marks on the
+// device. With DDP, the all-reduces that run beside backward show up as a longer backward (they
+// share the GPU with its matmuls), and those still running when backward ends as a longer tail
+// (with the optimizer step, which is the whole tail alone). Wraps the DDP sync, or nothing alone.
+class PhaseMarks final : public amplab::GradientSync {
+ public:
+  PhaseMarks(amplab::GradientSync* inner, torch::Device device) : inner_(inner), device_(device) {}
+  void start_step() {
+    steps_.push_back(std::make_unique<amplab::DeviceMarks>(device_, 4));
+    steps_.back()->mark(0);
+  }
+  void end_step() { steps_.back()->mark(3); }
+  // Medians over the last `count` steps: forward, backward, after backward (ms).
+  std::vector<double> medians(size_t count) {
+    std::vector<std::vector<double>> phases(3);
+    for (size_t i = steps_.size() - std::min(count, steps_.size()); i < steps_.size(); ++i) {
+      auto ms = steps_[i]->intervals_ms();
+      for (size_t k = 0; k < 3; ++k) phases[k].push_back(ms[k]);
+    }
+    return {amplab::summarize(phases[0]).median, amplab::summarize(phases[1]).median, amplab::summarize(phases[2]).median};
+  }
+
+  void before_forward() override {
+    if (inner_) inner_->before_forward();
+  }
+  void before_backward(const torch::Tensor& loss, bool reduce_after_this) override {
+    steps_.back()->mark(1);
+    if (inner_) inner_->before_backward(loss, reduce_after_this);
+  }
+  void finish() override {
+    steps_.back()->mark(2);
+    if (inner_) inner_->finish();
+  }
+  bool can_step_each_bucket(const std::vector<torch::Tensor>& params) override {
+    return inner_ && inner_->can_step_each_bucket(params);
+  }
+  void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) override {
+    steps_.back()->mark(2);
+    inner_->finish_stepping_each_bucket(step_bucket);
+  }
+
+ private:
+  amplab::GradientSync* inner_;
+  torch::Device device_;
+  std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
+};
+
+// Runs `step` twice under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
+// kernels of each CUDA stream on one time line, so the all-reduces can be seen beside backward.
+// Every rank must call it (the steps hold collectives); ranks without a path only run the steps.
+void trace_two_steps(const std::function<void()>& step, torch::Device device, const std::string& path) {
+  using torch::profiler::impl::ActivityType;
+  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  if (!path.empty()) {
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+  for (int i = 0; i < 2; ++i) {
+    RECORD_USER_SCOPE("amplab_step");  // the steps' bounds in the trace
+    step();
+    amplab::synchronize(device);
+  }
+  if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
+}
+
 // Time per step of the MLP: alone (no communication: the ideal), then DDP with the all-reduce
 // overlapped with backward and each bucket updated as soon as it is reduced (the default), with
-// one optimizer step after all buckets, and without overlap. Scaling efficiency = alone / DDP.
+// one optimizer step after all buckets, without overlap, and (unless the config already asks
+// for it) with gradients sent as bf16. Scaling efficiency = alone / DDP.
 int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run) {
   const auto& b = config.bench;
   const auto& world = setup.world;
-  amplab::Table table({"setting", "ms/step (median)", "IQR", "samples/s (all ranks)", "efficiency", "exposed all-reduce (ms)"});
+  amplab::Table table({"setting", "ms/step", "IQR", "efficiency", "exposed (ms)", "forward", "backward",
+                       "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)"});
   nlohmann::json rows = nlohmann::json::array();
-  double alone_ms = 0;
-  for (const std::string setting : {"alone", "ddp overlap", "ddp overlap, one step", "ddp no overlap"}) {
+  double alone_ms = 0, alone_back_to_back_ms = 0;
+  // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
+  // is on this machine too.
+  std::string trace_dir = b.trace ? setup.comm->all_gather_bytes(run.enabled() ? run.path() : "")[0] : "";
+  if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
+  std::vector<std::string> settings = {"alone", "ddp overlap", "ddp overlap, one step", "ddp no overlap"};
+  if (config.dist.compression == amplab::dist::Compression::none) settings.push_back("ddp overlap, bf16 gradients");
+  for (const std::string& setting : settings) {
     torch::manual_seed(0);
     auto mlp = amplab::make_mlp(b.width, b.layers);
     auto dist_config = config.dist;
     dist_config.overlap = setting != "ddp no overlap";
-    dist_config.step_each_bucket = setting == "ddp overlap";
+    dist_config.step_each_bucket = setting != "ddp overlap, one step";
+    if (setting == "ddp overlap, bf16 gradients") dist_config.compression = amplab::dist::Compression::bf16;
     std::unique_ptr<amplab::dist::DistributedDataParallel> ddp;
     if (setting == "alone") mlp->to(setup.device);
     else ddp = ddp_lab::wrap_model(mlp.ptr(), setup, dist_config);
@@ -177,26 +259,53 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);
       amplab::dist::attach(trainer, *sync, setup.comm);
     }
+    PhaseMarks phases(sync.get(), setup.device);
+    trainer.set_gradient_sync(&phases);
     amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
-    auto step = [&] { trainer.step(1, [&](int64_t) { return batch; }); };
+    auto step = [&] {
+      phases.start_step();
+      trainer.step(1, [&](int64_t) { return batch; });
+      phases.end_step();
+    };
     setup.comm->barrier();
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
     auto s = amplab::summarize(times);
-    if (setting == "alone") alone_ms = s.median;
-    double efficiency = alone_ms / s.median;
-    double rate = static_cast<double>(b.batch * world.world_size) / (s.median / 1e3);
+    auto phase_ms = phases.medians(static_cast<size_t>(b.steps));
+    if (b.trace) {
+      std::string name = "trace_" + setting + (world.rank > 0 ? "_rank" + std::to_string(world.rank) : "") + ".json";
+      name.erase(std::remove(name.begin(), name.end(), ','), name.end());
+      std::replace(name.begin(), name.end(), ' ', '_');
+      trace_two_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name);
+    }
+    // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
+    // through their all-reduces instead of each starting a step when its own host wakes up.
+    setup.comm->barrier();
+    double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
+    if (setting == "alone") {
+      alone_ms = s.median;
+      alone_back_to_back_ms = back_to_back;
+    }
+    double efficiency = alone_ms / s.median, efficiency_back_to_back = alone_back_to_back_ms / back_to_back;
+    double rate = static_cast<double>(b.batch * world.world_size) / (back_to_back / 1e3);
     // What backward could not hide: the step's time beyond the same step without communication.
     double exposed = s.median - alone_ms;
-    table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(rate, 0),
-                   amplab::fixed(100 * efficiency, 1) + "%", setting == "alone" ? "-" : amplab::fixed(exposed, 2)});
+    table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
+                   setting == "alone" ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
+                   amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
+                   amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0)});
     rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
-                    {"exposed_allreduce_ms", exposed}});
+                    {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
+                    {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
+                    {"back_to_back_efficiency", efficiency_back_to_back}});
   }
   if (world.is_main()) {
     std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
               << amplab::to_string(b.precision) << ", " << world.world_size << " rank(s), " << setup.comm->backend() << "\n"
               << table.to_string();
-    std::cout << "efficiency = time alone / time with DDP; the gap is the all-reduce time backward could not hide\n";
+    std::cout << "ms/step: median of " << b.steps << " steps, each timed alone (waiting for the GPU before the next); "
+                 "efficiency = time alone / time with DDP; exposed = the time DDP adds to a step; forward, backward and "
+                 "after backward (optimizer step + all-reduces still running): medians of each phase (ms); back-to-back: "
+                 << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n";
     if (run.enabled()) {
       table.write_csv(run.file("scaling.csv"));
       run.write_summary({{"bench", rows}, {"world_size", world.world_size}, {"backend", setup.comm->backend()}});

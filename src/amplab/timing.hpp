@@ -56,8 +56,32 @@ class DeviceTimer {
   std::unique_ptr<Events> events_;
 };
 
+// Points in a stream of device work (CUDA events on a GPU, the host clock on the CPU), for
+// splitting a step into phases: mark(0) before the first phase, mark(k) at each boundary, then
+// intervals_ms() waits for the work and returns the time between consecutive marks.
+class DeviceMarks {
+ public:
+  DeviceMarks(torch::Device device, size_t count);
+  ~DeviceMarks();
+  DeviceMarks(const DeviceMarks&) = delete;
+  DeviceMarks& operator=(const DeviceMarks&) = delete;
+  void mark(size_t index);
+  std::vector<double> intervals_ms();  // count - 1 values: mark k to mark k + 1
+
+ private:
+  torch::Device device_;
+  std::vector<double> host_ms_;
+  Stopwatch host_;
+  struct Events;
+  std::unique_ptr<Events> events_;
+};
+
 // Runs `work` `warmup` times untimed, then `repeats` times timed one by one; milliseconds each.
 std::vector<double> time_repeats(const std::function<void()>& work, torch::Device device, int warmup,
                                  int repeats);
+// Runs `work` `repeats` times back to back, without waiting for the device between them (as a
+// training loop does), `windows` times; the milliseconds per run of each window.
+std::vector<double> time_back_to_back(const std::function<void()>& work, torch::Device device, int repeats,
+                                      int windows);
 
 }  // namespace amplab
