@@ -7,7 +7,6 @@
 #include <ATen/ops/_fused_adamw.h>
 
 #include "amplab/activation_checkpoint.hpp"
-#include "amplab/cuda/convert.hpp"
 #include "amplab/cuda/fused_adamw_launch.hpp"
 #include "amplab/fused_layers.hpp"
 #include "amplab/models.hpp"
@@ -266,29 +265,6 @@ void expect_lists_equal(const std::vector<torch::Tensor>& a, const std::vector<t
 
 // Our launcher runs PyTorch's AdamW functor over smaller chunks: every parameter, moment and
 // (unscaled) gradient must equal at::_fused_adamw_'s to the bit, with a device rate, an fp16
-// DDP's bf16 compression writes each average back into fp32 with this kernel: it must be copy_,
-// bit for bit, on every bf16 pattern (NaN payloads, infinities, subnormals), at sizes with and
-// without a tail after the last group of eight, and refuse what it cannot take.
-TEST(GpuConvert, Bf16ToFloatEqualsCopyToTheBit_CUDA) {
-  AMPLAB_REQUIRE_CUDA();
-  torch::manual_seed(0);
-  for (int64_t n : {1, 7, 8, 9, 4099, 1 << 20}) {
-    auto from = torch::randint(-32768, 32768, {n}, torch::dtype(torch::kInt32).device(kGpu)).to(torch::kInt16).view(torch::kBFloat16);
-    auto to = torch::full({n}, 7.0f, torch::dtype(torch::kFloat32).device(kGpu));
-    ASSERT_TRUE(cuda::bf16_to_float_supported(from, to)) << n;
-    cuda::bf16_to_float(from, to);
-    EXPECT_TRUE(torch::equal(to.view(torch::kInt32), from.to(torch::kFloat32).view(torch::kInt32))) << "n = " << n;
-  }
-  auto matrix = torch::randn({64, 33}, kGpu).to(torch::kBFloat16);
-  auto out = torch::empty({64, 33}, kGpu);
-  cuda::bf16_to_float(matrix, out);
-  EXPECT_TRUE(torch::equal(out, matrix.to(torch::kFloat32)));
-  auto base = torch::randn({64}, kGpu).to(torch::kBFloat16);
-  EXPECT_FALSE(cuda::bf16_to_float_supported(base.narrow(0, 1, 32), torch::empty({32}, kGpu)));  // 2 bytes off
-  EXPECT_FALSE(cuda::bf16_to_float_supported(matrix.t(), torch::empty({33, 64}, kGpu)));         // other strides
-  EXPECT_FALSE(cuda::bf16_to_float_supported(matrix, torch::empty({64, 33}, kGpu).to(torch::kHalf)));
-}
-
 // grad scale, a skipped step, AMSGrad, reduced-precision parameters, more tensors than one
 // launch holds and a tensor split across launches.
 TEST(GpuFusedAdamW, ChunkedLaunchEqualsPyTorchsKernelToTheBit_CUDA) {

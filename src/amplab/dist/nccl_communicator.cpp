@@ -22,7 +22,6 @@
 #include <map>
 #include <optional>
 
-#include "amplab/cuda/convert.hpp"
 #include "amplab/dist/backends.hpp"
 #include "amplab/dist/rendezvous.hpp"
 #include "amplab/error.hpp"
@@ -171,10 +170,7 @@ class NcclCommunicator final : public Communicator {
     work->wait();  // the side stream waits for the collective
     {
       torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < to.size(); ++i) {
-        if (cuda::bf16_to_float_supported(from[i], to[i])) cuda::bf16_to_float(from[i], to[i]);  // copy_, faster
-        else to[i].copy_(from[i]);
-      }
+      for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
     }
     auto done = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
     done->record(*copy_stream_);
