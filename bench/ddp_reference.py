@@ -14,6 +14,18 @@ import torch
 import torch.distributed as dist
 
 
+def back_to_back_ms(work, count):
+    """Milliseconds per call of `work`, called `count` times without waiting for the GPU between
+    calls (CUDA events around all of them)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(count):
+        work()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / count
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--width", type=int, default=8192)
@@ -65,13 +77,7 @@ def main():
     for _ in range(3):
         if world > 1:
             dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(args.steps):
-            step()
-        b.record()
-        b.synchronize()
-        windows.append(a.elapsed_time(b) / args.steps)
+        windows.append(back_to_back_ms(step, args.steps))
     if rank == 0:
         ms, back_to_back = statistics.median(times), statistics.median(windows)
         flops = 6 * args.batch * args.width * args.width * args.layers

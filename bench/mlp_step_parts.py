@@ -4,6 +4,8 @@ which inf check a GradScaler can afford. Prints CUDA-event timings; run on a GPU
 import torch
 import torch.nn.functional as F
 
+from ddp_reference import back_to_back_ms  # CUDA events around back-to-back calls
+
 dev = torch.device("cuda")
 W, L, B = 8192, 4, 8192
 
@@ -12,13 +14,7 @@ def timed(fn, reps=10, warm=3):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / reps
+    return back_to_back_ms(fn, reps)
 
 
 # 1. Inf checks over 1 GiB of fp32 gradients (4 x 64M), and whether NaN/inf are caught.
