@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ddp_reference import back_to_back_ms  # CUDA events around back-to-back calls
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -72,13 +74,7 @@ def main():
         run = graph.replay
     torch.cuda.synchronize()
     steps = 200
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        run()
-    end.record()
-    end.synchronize()
-    print(f"wall per step ({'graph replay' if args.graph else 'eager'}): {start.elapsed_time(end) / steps * 1e3:.1f} us")
+    print(f"wall per step ({'graph replay' if args.graph else 'eager'}): {back_to_back_ms(run, steps) * 1e3:.1f} us")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             run()

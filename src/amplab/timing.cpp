@@ -39,39 +39,6 @@ Summary summarize(std::vector<double> samples) {
   return s;
 }
 
-struct DeviceTimer::Events {
-#ifdef AMPLAB_WITH_CUDA
-  at::cuda::CUDAEvent begin{cudaEventDefault};
-  at::cuda::CUDAEvent end{cudaEventDefault};
-#endif
-};
-
-DeviceTimer::DeviceTimer(torch::Device device) : device_(device) {
-  if (device_.is_cuda()) events_ = std::make_unique<Events>();
-}
-DeviceTimer::~DeviceTimer() = default;
-
-void DeviceTimer::start() {
-#ifdef AMPLAB_WITH_CUDA
-  if (device_.is_cuda()) {
-    events_->begin.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    return;
-  }
-#endif
-  host_.restart();
-}
-
-double DeviceTimer::stop_ms() {
-#ifdef AMPLAB_WITH_CUDA
-  if (device_.is_cuda()) {
-    events_->end.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    events_->end.synchronize();
-    return events_->begin.elapsed_time(events_->end);
-  }
-#endif
-  return host_.milliseconds();
-}
-
 struct DeviceMarks::Events {
 #ifdef AMPLAB_WITH_CUDA
   std::vector<at::cuda::CUDAEvent> marks;

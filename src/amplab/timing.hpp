@@ -38,24 +38,6 @@ class Stopwatch {
   Clock::time_point start_;
 };
 
-// Brackets work on one device: CUDA events on the current stream of a GPU, the host clock
-// (after a synchronize) on the CPU. start(); ...queue work...; double ms = stop_ms();
-class DeviceTimer {
- public:
-  explicit DeviceTimer(torch::Device device);
-  ~DeviceTimer();
-  DeviceTimer(const DeviceTimer&) = delete;
-  DeviceTimer& operator=(const DeviceTimer&) = delete;
-  void start();
-  double stop_ms();  // waits for the work queued since start() and returns its duration
-
- private:
-  torch::Device device_;
-  Stopwatch host_;
-  struct Events;
-  std::unique_ptr<Events> events_;
-};
-
 // Points in a stream of device work (CUDA events on a GPU, the host clock on the CPU), for
 // splitting a step into phases: mark(0) before the first phase, mark(k) at each boundary, then
 // intervals_ms() waits for the work and returns the time between consecutive marks.
@@ -74,6 +56,21 @@ class DeviceMarks {
   Stopwatch host_;
   struct Events;
   std::unique_ptr<Events> events_;
+};
+
+// Brackets work on one device: CUDA events on the current stream of a GPU, the host clock
+// (after a synchronize) on the CPU. start(); ...queue work...; double ms = stop_ms();
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(torch::Device device) : marks_(device, 2) {}
+  void start() { marks_.mark(0); }
+  double stop_ms() {  // waits for the work queued since start() and returns its duration
+    marks_.mark(1);
+    return marks_.intervals_ms()[0];
+  }
+
+ private:
+  DeviceMarks marks_;
 };
 
 // Runs `work` `warmup` times untimed, then `repeats` times timed one by one; milliseconds each.

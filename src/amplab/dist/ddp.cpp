@@ -313,38 +313,32 @@ void DistributedDataParallel::launch(size_t index, bool during_backward) {
   // each parameter that is reduced in its own .grad.
   std::vector<torch::Tensor> parts;
   if (bucket.flat.defined()) parts.push_back(bucket.flat);
-  for (size_t k : bucket.slots)
-    if (!slots_[k].view.defined()) parts.push_back(slots_[k].param.grad());
-  if (compression_ == Compression::none) {
+  // bf16: each part is sent rounded to bf16 (a gradient taken before autocast's cast is bf16
+  // already), and its average goes back into the gradients' dtype as soon as it arrives (on NCCL,
+  // beside backward); one taken before the cast lands in a new tensor, .grad at finish.
+  const bool bf16 = compression_ == Compression::bf16;
+  bucket.compressed.clear();
+  if (bf16 && bucket.flat.defined()) bucket.compressed.push_back(bucket.flat.to(torch::kBFloat16));
+  for (size_t k : bucket.slots) {
+    Slot& slot = slots_[k];
+    if (slot.view.defined()) continue;
+    if (!bf16) {
+      parts.push_back(slot.param.grad());
+    } else if (slot.bf16_grad.defined()) {
+      bucket.compressed.push_back(slot.bf16_grad);
+      parts.push_back(slot.reduced = torch::empty_like(slot.param, torch::MemoryFormat::Preserve));
+    } else {
+      parts.push_back(slot.param.grad());
+      bucket.compressed.push_back(parts.back().to(torch::kBFloat16));
+    }
+  }
+  if (!bf16) {
     // The average over ranks: NCCL averages inside the reduction; the cpu backend divides first,
     // as PyTorch does, which also keeps fp16 sums in range.
     bucket.work = comm_->all_reduce_mean(parts);
     return;
   }
-  // bf16: each part is rounded to bf16 (a gradient taken before autocast's cast is bf16 already),
-  // and its average goes back into the gradients' dtype as soon as it arrives (on NCCL, beside
-  // backward). A gradient taken before the cast lands in a new tensor, .grad at finish.
-  std::vector<torch::Tensor> into;
-  bucket.compressed.clear();
-  size_t part = 0;
-  if (bucket.flat.defined()) {
-    bucket.compressed.push_back(bucket.flat.to(torch::kBFloat16));
-    into.push_back(bucket.flat);
-    ++part;
-  }
-  for (size_t k : bucket.slots) {
-    Slot& slot = slots_[k];
-    if (slot.view.defined()) continue;
-    if (slot.bf16_grad.defined()) {
-      bucket.compressed.push_back(slot.bf16_grad);
-      into.push_back(slot.reduced = torch::empty_like(slot.param, torch::MemoryFormat::Preserve));
-    } else {
-      bucket.compressed.push_back(parts[part].to(torch::kBFloat16));
-      into.push_back(parts[part]);
-    }
-    ++part;
-  }
-  bucket.work = comm_->then_copy(average_like_bf16_compress_hook(*comm_, bucket.compressed), bucket.compressed, into);
+  bucket.work = comm_->then_copy(average_like_bf16_compress_hook(*comm_, bucket.compressed), bucket.compressed, parts);
 }
 
 void DistributedDataParallel::prepare_for_backward(const torch::Tensor& loss) {
@@ -455,10 +449,9 @@ void DistributedDataParallel::finish_gradient_sync(
     bucket.compressed.clear();  // bf16 compression: copied back into the gradients by now
     for (size_t k : bucket.slots) {
       Slot& slot = slots_[k];
-      if (slot.reduced.defined()) {  // taken before autocast's cast: the average, cast as that cast would
-        slot.param.mutable_grad() = std::move(slot.reduced);
-        slot.reduced = slot.bf16_grad = torch::Tensor();
-      }
+      // Taken before autocast's cast: the average, cast as that cast would have (reset_step
+      // drops the bf16 gradient).
+      if (slot.reduced.defined()) slot.param.mutable_grad() = std::move(slot.reduced);
       // A parameter without a gradient this step still has .grad = none: give it its slice, so
       // every rank steps every parameter.
       if (slot.view.defined() && !is_slice(slot.param.grad(), slot.view)) slot.param.mutable_grad() = slot.view;
