@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""The GPU time line of the last step in a trace written by the DDP lab's benchmark
+"""The GPU time line of one step in a trace written by the DDP lab's benchmark
 (build/bin/ddp --set bench.enabled=true --set bench.trace=true): every kernel of that step with
 its stream, start (ms after the step's first kernel) and duration, then per stream the busy time
-and the last end. Shows what runs beside backward and what is left after it.
-    python3 bench/trace_steps.py runs/ddp/<time>/trace_ddp_overlap.json [--all]"""
+and the last end; and a line per step (first kernel to last kernel, and the idle gap before it).
+A kernel belongs to the step whose host range launched it, so this also reads the back-to-back
+traces, where the host queues a step while the GPU still runs the one before.
+    python3 bench/trace_steps.py runs/ddp/<time>/trace_ddp_overlap.json [--step K] [--all]"""
 import argparse
+import bisect
 import json
 import sys
 
@@ -12,6 +15,7 @@ import sys
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("trace")
+    p.add_argument("--step", type=int, default=-1, help="which step to list (0 = the first; default: the last)")
     p.add_argument("--all", action="store_true", help="list every kernel (default: merge runs of small ones)")
     args = p.parse_args()
     try:
@@ -19,18 +23,32 @@ def main():
             events = json.load(f)["traceEvents"]
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"trace_steps.py: cannot read {args.trace}: {e}")
-    steps = sorted(e["ts"] for e in events if e.get("name") == "amplab_step" and e.get("ph") == "X")
+    # The host's step ranges (the GPU time line repeats them as gpu_user_annotation: not those).
+    steps = sorted(e["ts"] for e in events
+                   if e.get("name") == "amplab_step" and e.get("ph") == "X" and e.get("cat") == "user_annotation")
     if not steps:
         sys.exit(f"trace_steps.py: {args.trace} has no amplab_step ranges (written by another program?)")
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"
-               and e["ts"] >= steps[-1]]
-    if not kernels:
-        sys.exit(f"trace_steps.py: no GPU kernels in the last step of {args.trace}")
-    kernels.sort(key=lambda e: e["ts"])
-    t0 = kernels[0]["ts"]
+    # Each kernel's launch (the runtime or driver call with the same correlation id) dates it on
+    # the host, inside its step's range.
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    by_step = [[] for _ in steps]
+    for k in kernels:
+        when = launched.get(k.get("args", {}).get("correlation"), k["ts"])
+        i = bisect.bisect_right(steps, when) - 1
+        if i >= 0:
+            by_step[i].append(k)
+    if not any(by_step):
+        sys.exit(f"trace_steps.py: no GPU kernels in the steps of {args.trace}")
+    if not -len(steps) <= args.step < len(steps):
+        sys.exit(f"trace_steps.py: --step {args.step}: the trace has {len(steps)} steps (0..{len(steps) - 1})")
+
+    chosen = sorted(by_step[args.step], key=lambda e: e["ts"])
+    t0 = chosen[0]["ts"]
     streams = {}
     print(f"{'stream':>6} {'start ms':>9} {'dur ms':>7}  kernel")
-    for k in kernels:
+    for k in chosen:
         stream = k.get("args", {}).get("stream", k.get("tid"))
         s = streams.setdefault(stream, {"busy": 0.0, "end": 0.0, "count": 0})
         s["busy"] += k["dur"] / 1e3
@@ -41,6 +59,16 @@ def main():
     print()
     for stream, s in sorted(streams.items(), key=lambda kv: str(kv[0])):
         print(f"stream {stream}: {s['count']} kernels, busy {s['busy']:.3f} ms, last end {s['end']:.3f} ms")
+    print()
+    previous_end = None
+    for i, ks in enumerate(by_step):
+        if not ks:
+            continue
+        start = min(k["ts"] for k in ks)
+        end = max(k["ts"] + k["dur"] for k in ks)
+        gap = f", {(start - previous_end) / 1e3:.3f} ms idle before it" if previous_end is not None else ""
+        print(f"step {i}: {(end - start) / 1e3:.3f} ms on the GPU, first kernel to last{gap}")
+        previous_end = end
 
 
 if __name__ == "__main__":

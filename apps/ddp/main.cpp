@@ -33,7 +33,7 @@ struct DdpBenchConfig {
   amplab::Precision precision = amplab::Precision::bf16_mixed;
   int warmup = 5;                                 // untimed steps
   int steps = 20;                                 // timed steps per setting
-  bool trace = false;                             // also write a Chrome trace of two steps per setting
+  bool trace = false;                             // also write Chrome traces of a few steps per setting
 
   template <class V>
   void fields(V& v) {
@@ -45,8 +45,9 @@ struct DdpBenchConfig {
     v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
     v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
     v.field("trace", trace,
-            "write trace_<setting>[_rank<r>].json (each rank's CPU ops and GPU kernels over two more steps; open in "
-            "ui.perfetto.dev or chrome://tracing) into the run directory");
+            "write trace_<setting>[_rank<r>].json (each rank's CPU ops and GPU kernels over two more steps, each "
+            "waited for) and trace_<setting>_back_to_back[_rank<r>].json (three steps queued without waiting) into "
+            "the run directory; open in ui.perfetto.dev or print with bench/trace_steps.py");
   }
 };
 
@@ -193,10 +194,12 @@ class PhaseMarks final : public amplab::GradientSync {
   std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
 };
 
-// Runs `step` twice under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
+// Runs `step` under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
 // kernels of each CUDA stream on one time line, so the all-reduces can be seen beside backward.
-// Every rank must call it (the steps hold collectives); ranks without a path only run the steps.
-void trace_two_steps(const std::function<void()>& step, torch::Device device, const std::string& path) {
+// Two steps, each waited for; or, back_to_back, three steps queued without waiting, as a
+// training loop runs (bench/trace_steps.py finds each kernel's step by its launch). Every rank
+// must call it (the steps hold collectives); ranks without a path only run the steps.
+void trace_steps(const std::function<void()>& step, torch::Device device, const std::string& path, bool back_to_back) {
   using torch::profiler::impl::ActivityType;
   torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
   std::set<ActivityType> activities{ActivityType::CPU};
@@ -205,11 +208,12 @@ void trace_two_steps(const std::function<void()>& step, torch::Device device, co
     torch::autograd::profiler::prepareProfiler(config, activities);
     torch::autograd::profiler::enableProfiler(config, activities);
   }
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < (back_to_back ? 3 : 2); ++i) {
     RECORD_USER_SCOPE("amplab_step");  // the steps' bounds in the trace
     step();
-    amplab::synchronize(device);
+    if (!back_to_back) amplab::synchronize(device);
   }
+  amplab::synchronize(device);
   if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
 }
 
@@ -222,6 +226,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   const auto& world = setup.world;
   amplab::Table table({"setting", "ms/step", "IQR", "efficiency", "exposed (ms)", "forward", "backward",
                        "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)"});
+  amplab::Table back_to_back_phases({"setting (back to back)", "forward", "backward", "after backward", "ms/step"});
   nlohmann::json rows = nlohmann::json::array();
   double alone_ms = 0, alone_back_to_back_ms = 0;
   // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
@@ -268,19 +273,26 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       phases.end_step();
     };
     setup.comm->barrier();
+    amplab::log::info("bench: " + setting + ": timing each step");
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians(static_cast<size_t>(b.steps));
     if (b.trace) {
-      std::string name = "trace_" + setting + (world.rank > 0 ? "_rank" + std::to_string(world.rank) : "") + ".json";
-      name.erase(std::remove(name.begin(), name.end(), ','), name.end());
-      std::replace(name.begin(), name.end(), ' ', '_');
-      trace_two_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name);
+      std::string base = "trace_" + setting;
+      base.erase(std::remove(base.begin(), base.end(), ','), base.end());
+      std::replace(base.begin(), base.end(), ' ', '_');
+      for (bool back_to_back : {false, true}) {
+        std::string name = base + (back_to_back ? "_back_to_back" : "") +
+                           (world.rank > 0 ? "_rank" + std::to_string(world.rank) : "") + ".json";
+        trace_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name, back_to_back);
+      }
     }
     // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
     // through their all-reduces instead of each starting a step when its own host wakes up.
     setup.comm->barrier();
+    amplab::log::info("bench: " + setting + ": timing steps back to back");
     double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
+    auto back_to_back_phase_ms = phases.medians(static_cast<size_t>(b.steps));  // the last window's steps
     if (setting == "alone") {
       alone_ms = s.median;
       alone_back_to_back_ms = back_to_back;
@@ -296,7 +308,12 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
                     {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
                     {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
-                    {"back_to_back_efficiency", efficiency_back_to_back}});
+                    {"back_to_back_efficiency", efficiency_back_to_back},
+                    {"back_to_back_forward_ms", back_to_back_phase_ms[0]},
+                    {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
+                    {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]}});
+    back_to_back_phases.add_row({setting, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
+                                 amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2)});
   }
   if (world.is_main()) {
     std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
@@ -305,7 +322,10 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     std::cout << "ms/step: median of " << b.steps << " steps, each timed alone (waiting for the GPU before the next); "
                  "efficiency = time alone / time with DDP; exposed = the time DDP adds to a step; forward, backward and "
                  "after backward (optimizer step + all-reduces still running): medians of each phase (ms); back-to-back: "
-                 << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n";
+                 << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n\n"
+              << back_to_back_phases.to_string()
+              << "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
+                 "gap between steps\n";
     if (run.enabled()) {
       table.write_csv(run.file("scaling.csv"));
       run.write_summary({{"bench", rows}, {"world_size", world.world_size}, {"backend", setup.comm->backend()}});
