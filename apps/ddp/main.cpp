@@ -14,6 +14,7 @@
 #include "amplab/device.hpp"
 #include "amplab/dist/trainer_sync.hpp"
 #include "amplab/files.hpp"
+#include "amplab/gpu_monitor.hpp"
 #include "amplab/log.hpp"
 #include "amplab/loop.hpp"
 #include "amplab/models.hpp"
@@ -225,8 +226,10 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   const auto& b = config.bench;
   const auto& world = setup.world;
   amplab::Table table({"setting", "ms/step", "IQR", "efficiency", "exposed (ms)", "forward", "backward",
-                       "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)"});
-  amplab::Table back_to_back_phases({"setting (back to back)", "forward", "backward", "after backward", "ms/step"});
+                       "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)", "SM clock"});
+  amplab::Table back_to_back_phases({"setting (back to back)", "forward", "backward", "after backward", "ms/step",
+                                     "SM clock", "power", "power-capped"});
+  amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing
   nlohmann::json rows = nlohmann::json::array();
   double alone_ms = 0, alone_back_to_back_ms = 0;
   // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
@@ -274,7 +277,9 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     };
     setup.comm->barrier();
     amplab::log::info("bench: " + setting + ": timing each step");
+    monitor.start();
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
+    auto gpu = monitor.stop();
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians(static_cast<size_t>(b.steps));
     if (b.trace) {
@@ -291,7 +296,9 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     // through their all-reduces instead of each starting a step when its own host wakes up.
     setup.comm->barrier();
     amplab::log::info("bench: " + setting + ": timing steps back to back");
+    monitor.start();
     double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
+    auto gpu_back_to_back = monitor.stop();
     auto back_to_back_phase_ms = phases.medians(static_cast<size_t>(b.steps));  // the last window's steps
     if (setting == "alone") {
       alone_ms = s.median;
@@ -304,7 +311,8 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
                    setting == "alone" ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
                    amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
-                   amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0)});
+                   amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0),
+                   gpu ? amplab::fixed(gpu->sm_mhz, 0) + " MHz" : "-"});
     rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
                     {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
                     {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
@@ -313,7 +321,16 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
                     {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]}});
     back_to_back_phases.add_row({setting, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
-                                 amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2)});
+                                 amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2),
+                                 gpu_back_to_back ? amplab::fixed(gpu_back_to_back->sm_mhz, 0) + " MHz" : "-",
+                                 gpu_back_to_back ? amplab::fixed(gpu_back_to_back->watts, 0) + " W" : "-",
+                                 gpu_back_to_back ? amplab::fixed(100 * gpu_back_to_back->power_capped, 0) + "%" : "-"});
+    auto gpu_json = [](const std::optional<amplab::GpuReading>& r) -> nlohmann::json {
+      if (!r) return nullptr;
+      return {{"sm_mhz", r->sm_mhz}, {"watts", r->watts}, {"power_capped_fraction", r->power_capped}, {"samples", r->samples}};
+    };
+    rows.back()["gpu"] = gpu_json(gpu);
+    rows.back()["gpu_back_to_back"] = gpu_json(gpu_back_to_back);
   }
   if (world.is_main()) {
     std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
@@ -325,7 +342,8 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                  << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n\n"
               << back_to_back_phases.to_string()
               << "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
-                 "gap between steps\n";
+                 "gap between steps. SM clock and power: this GPU's, medians of NVML samples every 10 ms while timing; "
+                 "power-capped: the share of samples in which the power cap held the clock down\n";
     if (run.enabled()) {
       table.write_csv(run.file("scaling.csv"));
       run.write_summary({{"bench", rows}, {"world_size", world.world_size}, {"backend", setup.comm->backend()}});

@@ -13,8 +13,10 @@
 #include "amplab/batch_finder.hpp"
 #include "amplab/cuda_graph.hpp"
 #include "amplab/device.hpp"
+#include "amplab/gpu_monitor.hpp"
 #include "amplab/memory.hpp"
 #include "amplab/precision.hpp"
+#include "amplab/timing.hpp"
 #include "amplab/trainer.hpp"
 #include "support.hpp"
 
@@ -529,6 +531,28 @@ TEST(GpuBatchFinder, BracketsTheLimitUnderACap_CUDA) {
   EXPECT_GT(search.best_throughput, 0);
   EXPECT_TRUE(test::tensors_equal(net->parameters()[0], before));
   EXPECT_TRUE(sgd.state().empty());
+}
+
+TEST(GpuMonitorCuda, ReadsTheClockAndPowerWhileMatmulsRun_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  GpuMonitor monitor(kGpu);
+  if (!monitor.available()) GTEST_SKIP() << "NVML (libnvidia-ml.so.1) is not loadable here";
+  auto a = torch::randn({4096, 4096}, kGpu).to(torch::kBFloat16);
+  monitor.start();
+  Stopwatch watch;
+  while (watch.seconds() < 0.3) {
+    for (int i = 0; i < 20; ++i) a = torch::mm(a, a).div_(64);
+    torch::cuda::synchronize();
+  }
+  auto reading = monitor.stop();
+  ASSERT_TRUE(reading.has_value());
+  EXPECT_GE(reading->samples, 5u);
+  EXPECT_GT(reading->sm_mhz, 100);    // a working GPU clocks in hundreds of MHz at least
+  EXPECT_LT(reading->sm_mhz, 5000);
+  EXPECT_GT(reading->watts, 10);
+  EXPECT_GE(reading->power_capped, 0.0);
+  EXPECT_LE(reading->power_capped, 1.0);
+  EXPECT_FALSE(monitor.stop().has_value());  // the samples went with the first reading
 }
 
 }  // namespace

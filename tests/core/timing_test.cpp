@@ -1,0 +1,33 @@
+// Timing helpers: order statistics as numpy computes them, and the GPU monitor on a CPU device.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "amplab/gpu_monitor.hpp"
+#include "amplab/timing.hpp"
+
+namespace amplab {
+namespace {
+
+TEST(Timing, SummaryQuantilesInterpolateAsNumpyDoes) {
+  // numpy.percentile([4, 1, 3, 2, 10], [25, 50, 75]) = [2, 3, 4]; of [1, 2, 3, 4]: [1.75, 2.5, 3.25]
+  Summary odd = summarize({4, 1, 3, 2, 10});
+  EXPECT_DOUBLE_EQ(odd.q1, 2);
+  EXPECT_DOUBLE_EQ(odd.median, 3);
+  EXPECT_DOUBLE_EQ(odd.q3, 4);
+  EXPECT_DOUBLE_EQ(odd.iqr, 2);
+  EXPECT_DOUBLE_EQ(odd.mean, 4);
+  Summary even = summarize({1, 2, 3, 4});
+  EXPECT_DOUBLE_EQ(even.q1, 1.75);
+  EXPECT_DOUBLE_EQ(even.median, 2.5);
+  EXPECT_DOUBLE_EQ(even.q3, 3.25);
+}
+
+TEST(GpuMonitor, OnACpuDeviceItIsUnavailableAndReadsNothing) {
+  GpuMonitor monitor(torch::Device(torch::kCPU));
+  EXPECT_FALSE(monitor.available());
+  monitor.start();
+  EXPECT_FALSE(monitor.stop().has_value());
+}
+
+}  // namespace
+}  // namespace amplab
