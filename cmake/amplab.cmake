@@ -114,7 +114,15 @@ function(amplab_add_test name)
   endif()
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-               ENVIRONMENT "AMPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR};AMPLAB_BINARY_DIR=${PROJECT_BINARY_DIR}"
     DISCOVERY_TIMEOUT 60)
+  # Not gtest_discover_tests(PROPERTIES ...): CMake 3.25 splits a list there ("core;slow" gave
+  # LABELS core, then "slow" read as a property name). A file ctest reads after the discovered
+  # tests (<name>_TESTS lists them) sets the labels, time limit and environment instead.
+  set(properties_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_properties.cmake")
+  file(WRITE "${properties_file}"
+    "if(${name}_TESTS)\n"
+    "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\" TIMEOUT ${ARG_TIMEOUT}\n"
+    "    ENVIRONMENT \"AMPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR};AMPLAB_BINARY_DIR=${PROJECT_BINARY_DIR}\")\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${properties_file}")
 endfunction()
