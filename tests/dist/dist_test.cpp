@@ -285,6 +285,16 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
   EXPECT_EQ(ddp.stats().grad_copies, 2 * 2);
 }
 
+TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
+  auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
+  auto from = torch::tensor({1.5f, -2.25f}).to(torch::kBFloat16);
+  auto to = torch::zeros({2});
+  comm->then_copy(comm->all_reduce_mean({from}), {from}, {to})->wait();
+  EXPECT_TRUE(test::tensors_equal(to, torch::tensor({1.5f, -2.25f})));
+  EXPECT_TRUE(test::throws_with([&] { comm->then_copy(comm->all_reduce_sum({from}), {from}, {}); },
+                                {"then_copy", "1 sources for 0 destinations"}));
+}
+
 TEST(Ddp, RefusesToWrapTwice) {
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
   auto model = std::make_shared<TwoLayers>();

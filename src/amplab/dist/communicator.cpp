@@ -68,8 +68,13 @@ std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo&, const Dis
 
 std::shared_ptr<Work> Communicator::then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
                                               std::vector<torch::Tensor> to) {
-  if (from.size() != to.size()) throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
+  check_copy_pairs(from, to);
   return std::make_shared<detail::CopyAfterWork>(std::move(work), std::move(from), std::move(to));
+}
+
+void Communicator::check_copy_pairs(const std::vector<torch::Tensor>& from, const std::vector<torch::Tensor>& to) {
+  if (from.size() != to.size())
+    throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
 }
 
 std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device) {

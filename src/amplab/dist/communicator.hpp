@@ -76,6 +76,10 @@ class Communicator {
   // For tests: how many keys the rendezvous store holds now (-1 when there is no store). The
   // cpu backend deletes each collective's keys once every rank has read them.
   virtual int64_t store_key_count() { return -1; }
+
+ protected:
+  // then_copy's argument check, for the backends that override it.
+  static void check_copy_pairs(const std::vector<torch::Tensor>& from, const std::vector<torch::Tensor>& to);
 };
 
 // The backend that `config.backend` resolves to for a run on `run_device` ("single" when the

@@ -163,7 +163,7 @@ class NcclCommunicator final : public Communicator {
   // the caller's: it keeps them alive until it has waited on the result.
   std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
                                   std::vector<torch::Tensor> to) override {
-    if (from.size() != to.size()) throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
+    check_copy_pairs(from, to);
     check_device(from, "then_copy");
     check_device(to, "then_copy");
     c10::cuda::CUDAStreamGuard on_side(*copy_stream_);
