@@ -154,16 +154,20 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
 // (with the optimizer step, which is the whole tail alone). Wraps the DDP sync, or nothing alone.
 class PhaseMarks final : public amplab::GradientSync {
  public:
-  PhaseMarks(amplab::GradientSync* inner, torch::Device device) : inner_(inner), device_(device) {}
-  void start_step() {
-    steps_.push_back(std::make_unique<amplab::DeviceMarks>(device_, 4));
-    steps_.back()->mark(0);
+  // Keeps the marks of the last `capacity` steps, reusing their events (no events made in the
+  // timed loop).
+  PhaseMarks(amplab::GradientSync* inner, torch::Device device, size_t capacity) : inner_(inner) {
+    for (size_t i = 0; i < capacity; ++i) steps_.push_back(std::make_unique<amplab::DeviceMarks>(device, 4));
   }
-  void end_step() { steps_.back()->mark(3); }
-  // Medians over the last `count` steps: forward, backward, after backward (ms).
-  std::vector<double> medians(size_t count) {
+  void start_step() {
+    current_ = steps_[started_++ % steps_.size()].get();
+    current_->mark(0);
+  }
+  void end_step() { current_->mark(3); }
+  // Medians over the last `capacity` steps (fewer if fewer ran): forward, backward, after backward (ms).
+  std::vector<double> medians() {
     std::vector<std::vector<double>> phases(3);
-    for (size_t i = steps_.size() - std::min(count, steps_.size()); i < steps_.size(); ++i) {
+    for (size_t i = 0; i < std::min(started_, steps_.size()); ++i) {
       auto ms = steps_[i]->intervals_ms();
       for (size_t k = 0; k < 3; ++k) phases[k].push_back(ms[k]);
     }
@@ -174,26 +178,33 @@ class PhaseMarks final : public amplab::GradientSync {
     if (inner_) inner_->before_forward();
   }
   void before_backward(const torch::Tensor& loss, bool reduce_after_this) override {
-    steps_.back()->mark(1);
+    current_->mark(1);
     if (inner_) inner_->before_backward(loss, reduce_after_this);
   }
   void finish() override {
-    steps_.back()->mark(2);
+    current_->mark(2);
     if (inner_) inner_->finish();
   }
   bool can_step_each_bucket(const std::vector<torch::Tensor>& params) override {
     return inner_ && inner_->can_step_each_bucket(params);
   }
   void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) override {
-    steps_.back()->mark(2);
+    current_->mark(2);
     inner_->finish_stepping_each_bucket(step_bucket);
   }
 
  private:
   amplab::GradientSync* inner_;
-  torch::Device device_;
   std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
+  amplab::DeviceMarks* current_ = nullptr;
+  size_t started_ = 0;
 };
+
+// A GPU reading for the run's summary.json (null without one).
+nlohmann::json to_json(const std::optional<amplab::GpuReading>& r) {
+  if (!r) return nullptr;
+  return {{"sm_mhz", r->sm_mhz}, {"watts", r->watts}, {"power_capped_fraction", r->power_capped}, {"samples", r->samples}};
+}
 
 // Runs `step` under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
 // kernels of each CUDA stream on one time line, so the all-reduces can be seen beside backward.
@@ -267,7 +278,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);
       amplab::dist::attach(trainer, *sync, setup.comm);
     }
-    PhaseMarks phases(sync.get(), setup.device);
+    PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps));
     trainer.set_gradient_sync(&phases);
     amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
     auto step = [&] {
@@ -281,7 +292,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
     auto gpu = monitor.stop();
     auto s = amplab::summarize(times);
-    auto phase_ms = phases.medians(static_cast<size_t>(b.steps));
+    auto phase_ms = phases.medians();
     if (b.trace) {
       std::string base = "trace_" + setting;
       base.erase(std::remove(base.begin(), base.end(), ','), base.end());
@@ -299,7 +310,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     monitor.start();
     double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
     auto gpu_back_to_back = monitor.stop();
-    auto back_to_back_phase_ms = phases.medians(static_cast<size_t>(b.steps));  // the last window's steps
+    auto back_to_back_phase_ms = phases.medians();  // the last window's steps
     if (setting == "alone") {
       alone_ms = s.median;
       alone_back_to_back_ms = back_to_back;
@@ -319,18 +330,13 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     {"back_to_back_efficiency", efficiency_back_to_back},
                     {"back_to_back_forward_ms", back_to_back_phase_ms[0]},
                     {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
-                    {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]}});
+                    {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]},
+                    {"gpu", to_json(gpu)}, {"gpu_back_to_back", to_json(gpu_back_to_back)}});
     back_to_back_phases.add_row({setting, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
                                  amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2),
                                  gpu_back_to_back ? amplab::fixed(gpu_back_to_back->sm_mhz, 0) + " MHz" : "-",
                                  gpu_back_to_back ? amplab::fixed(gpu_back_to_back->watts, 0) + " W" : "-",
                                  gpu_back_to_back ? amplab::fixed(100 * gpu_back_to_back->power_capped, 0) + "%" : "-"});
-    auto gpu_json = [](const std::optional<amplab::GpuReading>& r) -> nlohmann::json {
-      if (!r) return nullptr;
-      return {{"sm_mhz", r->sm_mhz}, {"watts", r->watts}, {"power_capped_fraction", r->power_capped}, {"samples", r->samples}};
-    };
-    rows.back()["gpu"] = gpu_json(gpu);
-    rows.back()["gpu_back_to_back"] = gpu_json(gpu_back_to_back);
   }
   if (world.is_main()) {
     std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "

@@ -9,7 +9,6 @@
 #include <set>
 #include <sstream>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "amplab/error.hpp"
 #include "amplab/log.hpp"
