@@ -5,13 +5,28 @@ fused SGD, per-GPU batch), the Python side of the DDP lab's benchmark. Launch wi
 Prints on rank 0 the median ms per step timed one by one (CUDA events around each step, waiting
 for the GPU before the next: the lab's "ms/step") and back to back (steps queued without waiting,
 as a training loop runs: the lab's "back-to-back ms/step"). With one process it runs without DDP
-(the baseline)."""
+(the baseline). --first-layer-pieces K cuts the first Linear into K Linears side by side, as
+the lab's amplab::LinearInPieces does (the lab's "first layer in K pieces" settings)."""
 import argparse
 import os
 import statistics
 
 import torch
 import torch.distributed as dist
+
+
+class LinearInPieces(torch.nn.Module):
+    """Linear(width, width) as `pieces` Linears, each giving a block of the output features, joined
+    by torch.cat: the same function; backward computes each piece's weight gradient in a node of
+    its own, so DDP can all-reduce one piece while the next is computed."""
+
+    def __init__(self, width, pieces):
+        super().__init__()
+        rows = [width // pieces + (1 if k < width % pieces else 0) for k in range(pieces)]
+        self.pieces = torch.nn.ModuleList(torch.nn.Linear(width, r) for r in rows)
+
+    def forward(self, x):
+        return torch.cat([piece(x) for piece in self.pieces], dim=-1)
 
 
 def back_to_back_ms(work, count):
@@ -35,7 +50,11 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--bf16-compress", action="store_true",
                    help="DDP communication hook bf16_compress_hook: gradients travel as bf16 (half the bytes)")
+    p.add_argument("--first-layer-pieces", type=int, default=1,
+                   help="cut the first Linear into this many pieces (1: a plain Linear)")
     args = p.parse_args()
+    if not 1 <= args.first_layer_pieces <= args.width:
+        p.error(f"--first-layer-pieces: {args.first_layer_pieces} is not between 1 and --width ({args.width})")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -45,8 +64,10 @@ def main():
         dist.init_process_group("nccl", device_id=dev)
     torch.manual_seed(0)
     layers = []
-    for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    for i in range(args.layers):
+        first_in_pieces = i == 0 and args.first_layer_pieces > 1
+        linear = LinearInPieces(args.width, args.first_layer_pieces) if first_in_pieces else torch.nn.Linear(args.width, args.width)
+        layers += [linear, torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers).to(dev)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], gradient_as_bucket_view=True)
@@ -81,7 +102,8 @@ def main():
     if rank == 0:
         ms, back_to_back = statistics.median(times), statistics.median(windows)
         flops = 6 * args.batch * args.width * args.width * args.layers
-        print(f"python {'ddp' if world > 1 else 'alone'}{' bf16-compress' if args.bf16_compress else ''} world={world}: {ms:.2f} ms/step, "
+        pieces = f" first-layer-pieces={args.first_layer_pieces}" if args.first_layer_pieces > 1 else ""
+        print(f"python {'ddp' if world > 1 else 'alone'}{' bf16-compress' if args.bf16_compress else ''}{pieces} world={world}: {ms:.2f} ms/step, "
               f"back-to-back {back_to_back:.2f} ms/step, {flops / back_to_back / 1e9:.0f} TFLOP/s per GPU, "
               f"{args.batch * world / back_to_back * 1e3:.0f} samples/s")
     if world > 1:

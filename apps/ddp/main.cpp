@@ -35,6 +35,7 @@ struct DdpBenchConfig {
   int warmup = 5;                                 // untimed steps
   int steps = 20;                                 // timed steps per setting
   bool trace = false;                             // also write Chrome traces of a few steps per setting
+  int64_t first_layer_pieces = 4;                 // the settings with the first layer in pieces (1: none)
 
   template <class V>
   void fields(V& v) {
@@ -45,6 +46,11 @@ struct DdpBenchConfig {
     v.field("precision", precision, "precision of the benchmark");
     v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
     v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
+    v.field("first_layer_pieces", first_layer_pieces,
+            "also time the MLP with its first Linear cut into this many pieces (amplab::LinearInPieces), alone and "
+            "with DDP, whose all-reduce of the first layer's gradient then starts piece by piece during backward; "
+            "1: leave those settings out",
+            amplab::Range<int64_t>::at_least(1));
     v.field("trace", trace,
             "write trace_<setting>[_rank<r>].json (each rank's CPU ops and GPU kernels over two more steps, each "
             "waited for) and trace_<setting>_back_to_back[_rank<r>].json (three steps queued without waiting) into "
@@ -231,8 +237,9 @@ void trace_steps(const std::function<void()>& step, torch::Device device, const 
 
 // Time per step of the MLP: alone (no communication: the ideal), then DDP with the all-reduce
 // overlapped with backward and each bucket updated as soon as it is reduced (the default), with
-// one optimizer step after all buckets, without overlap, and (unless the config already asks
-// for it) with gradients sent as bf16. Scaling efficiency = alone / DDP.
+// one optimizer step after all buckets, without overlap, (unless the config already asks for it)
+// with gradients sent as bf16, and (bench.first_layer_pieces) with the first layer in pieces,
+// alone and with DDP. Scaling efficiency = time alone (the plain MLP) / time of the setting.
 int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run) {
   const auto& b = config.bench;
   const auto& world = setup.world;
@@ -249,15 +256,22 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
   std::vector<std::string> settings = {"alone", "ddp overlap", "ddp overlap, one step", "ddp no overlap"};
   if (config.dist.compression == amplab::dist::Compression::none) settings.push_back("ddp overlap, bf16 gradients");
+  const std::string in_pieces = "first layer in " + std::to_string(b.first_layer_pieces) + " pieces";
+  if (b.first_layer_pieces > 1) {
+    settings.push_back("alone, " + in_pieces);
+    settings.push_back("ddp overlap, " + in_pieces);
+  }
   for (const std::string& setting : settings) {
+    const bool alone = setting.rfind("alone", 0) == 0;
+    const bool pieces = setting.find(in_pieces) != std::string::npos;
     torch::manual_seed(0);
-    auto mlp = amplab::make_mlp(b.width, b.layers);
+    auto mlp = amplab::make_mlp(b.width, b.layers, pieces ? b.first_layer_pieces : 1);
     auto dist_config = config.dist;
     dist_config.overlap = setting != "ddp no overlap";
     dist_config.step_each_bucket = setting != "ddp overlap, one step";
     if (setting == "ddp overlap, bf16 gradients") dist_config.compression = amplab::dist::Compression::bf16;
     std::unique_ptr<amplab::dist::DistributedDataParallel> ddp;
-    if (setting == "alone") mlp->to(setup.device);
+    if (alone) mlp->to(setup.device);
     else ddp = ddp_lab::wrap_model(mlp.ptr(), setup, dist_config);
     amplab::TrainConfig train;
     train.precision = b.precision;
@@ -320,7 +334,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     // What backward could not hide: the step's time beyond the same step without communication.
     double exposed = s.median - alone_ms;
     table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
-                   setting == "alone" ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
+                   alone ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
                    amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
                    amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0),
                    gpu ? amplab::fixed(gpu->sm_mhz, 0) + " MHz" : "-"});
@@ -343,7 +357,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
               << amplab::to_string(b.precision) << ", " << world.world_size << " rank(s), " << setup.comm->backend() << "\n"
               << table.to_string();
     std::cout << "ms/step: median of " << b.steps << " steps, each timed alone (waiting for the GPU before the next); "
-                 "efficiency = time alone / time with DDP; exposed = the time DDP adds to a step; forward, backward and "
+                 "efficiency = time alone (the plain MLP) / time of the setting; exposed = the time DDP adds to a step; forward, backward and "
                  "after backward (optimizer step + all-reduces still running): medians of each phase (ms); back-to-back: "
                  << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n\n"
               << back_to_back_phases.to_string()
@@ -368,6 +382,10 @@ int main(int argc, char** argv) {
                                                amplab::describe_keys(defaults), cli))
       return *code;
     amplab::load_lab_config(cli, config);
+    if (config.bench.first_layer_pieces > config.bench.width)
+      throw amplab::Error("bench.first_layer_pieces: " + std::to_string(config.bench.first_layer_pieces) +
+                          " pieces of a layer with bench.width = " + std::to_string(config.bench.width) +
+                          " outputs; allowed: 1 to bench.width");
     const std::string yaml = amplab::to_yaml(config);
     ddp_lab::Setup setup = ddp_lab::init_distributed(config.dist, config.run.device);
     amplab::RunDir run = ddp_lab::make_run_dir(config.run, yaml, setup.world);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "amplab/error.hpp"
 #include "amplab/fused_layers.hpp"
 
 namespace amplab {
@@ -38,10 +39,45 @@ torch::Tensor MnistNetImpl::classify(torch::Tensor x) {
   return torch::log_softmax(x, /*dim=*/1);
 }
 
-torch::nn::Sequential make_mlp(int64_t width, int64_t layers) {
+LinearInPiecesImpl::LinearInPiecesImpl(int64_t in_features, int64_t out_features, int64_t pieces_count) {
+  if (pieces_count < 1 || pieces_count > out_features)
+    throw Error("LinearInPieces: pieces must be between 1 and the output features (" + std::to_string(out_features) +
+                "), got " + std::to_string(pieces_count));
+  for (int64_t k = 0; k < pieces_count; ++k) {
+    int64_t rows = out_features / pieces_count + (k < out_features % pieces_count ? 1 : 0);
+    pieces.push_back(register_module("piece" + std::to_string(k), torch::nn::Linear(in_features, rows)));
+  }
+}
+
+torch::Tensor LinearInPiecesImpl::forward(const torch::Tensor& x) {
+  std::vector<torch::Tensor> outputs;
+  for (auto& piece : pieces) outputs.push_back(piece(x));
+  return torch::cat(outputs, -1);
+}
+
+void LinearInPiecesImpl::copy_from(const torch::nn::Linear& linear) {
+  int64_t out_features = 0;
+  for (auto& piece : pieces) out_features += piece->weight.size(0);
+  if (linear->weight.size(0) != out_features || linear->weight.size(1) != pieces.front()->weight.size(1) ||
+      !linear->bias.defined())
+    throw Error("LinearInPieces::copy_from: needs a Linear with a bias and a " + std::to_string(out_features) + " x " +
+                std::to_string(pieces.front()->weight.size(1)) + " weight, got " + c10::str(linear->weight.sizes()) +
+                (linear->bias.defined() ? "" : " without bias"));
+  torch::NoGradGuard no_grad;
+  int64_t row = 0;
+  for (auto& piece : pieces) {
+    int64_t rows = piece->weight.size(0);
+    piece->weight.copy_(linear->weight.narrow(0, row, rows));
+    piece->bias.copy_(linear->bias.narrow(0, row, rows));
+    row += rows;
+  }
+}
+
+torch::nn::Sequential make_mlp(int64_t width, int64_t layers, int64_t first_layer_pieces) {
   torch::nn::Sequential mlp;
   for (int64_t i = 0; i < layers; ++i) {
-    mlp->push_back(torch::nn::Linear(width, width));
+    if (i == 0 && first_layer_pieces > 1) mlp->push_back(LinearInPieces(width, width, first_layer_pieces));
+    else mlp->push_back(torch::nn::Linear(width, width));
     mlp->push_back(torch::nn::ReLU());
   }
   return mlp;

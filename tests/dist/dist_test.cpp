@@ -8,6 +8,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -20,6 +22,8 @@
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/ddp.hpp"
 #include "amplab/dist/world.hpp"
+#include "amplab/error.hpp"
+#include "amplab/models.hpp"
 #include "support.hpp"
 
 extern char** environ;
@@ -283,6 +287,74 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
   // Steps 0 and 2 reset .grad to none: one copy per parameter of the shared buffer; fc2's
   // parameters are reduced in their own .grad.
   EXPECT_EQ(ddp.stats().grad_copies, 2 * 2);
+}
+
+// Records "compute <k>" when autograd starts the backward node it is attached to.
+struct RecordStart final : torch::autograd::FunctionPreHook {
+  RecordStart(std::vector<std::string>& events, std::string what) : events(events), what(std::move(what)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    events.push_back(what);
+    return grads;
+  }
+  std::vector<std::string>& events;
+  std::string what;
+};
+
+// A first layer in pieces (models.hpp) is the same layer as the Linear it was cut from, and in
+// backward each piece's weight gradient is finished before the next piece's is started: what lets
+// DDP all-reduce one piece while the next one is computed. DDP gives each piece a bucket.
+TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
+  torch::manual_seed(0);
+  torch::nn::Linear whole(6, 10);
+  LinearInPieces split(6, 10, 4);
+  split->copy_from(whole);
+  std::vector<int64_t> rows;
+  for (auto& piece : split->pieces) rows.push_back(piece->weight.size(0));
+  EXPECT_EQ(rows, (std::vector<int64_t>{3, 3, 2, 2}));
+
+  auto x = torch::randn({5, 6}), target = torch::randn({5, 10});
+  auto expected = whole(x);
+  torch::mse_loss(expected, target).backward();
+  std::vector<std::string> events;
+  for (size_t k = 0; k < split->pieces.size(); ++k)
+    split->pieces[k]->weight.register_hook([&events, k](torch::Tensor) { events.push_back("gradient " + std::to_string(k)); });
+  auto out = split(x);
+  const auto& cat = out.grad_fn();  // the join of the pieces: its inputs are the pieces' outputs, in order
+  ASSERT_EQ(cat->next_edges().size(), 4u);
+  for (size_t k = 0; k < 4; ++k)
+    cat->next_edges()[k].function->add_pre_hook(std::make_unique<RecordStart>(events, "compute " + std::to_string(k)));
+  torch::mse_loss(out, target).backward();
+
+  EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-7));
+  auto grads_of = [](const std::vector<torch::nn::Linear>& pieces, bool weight) {
+    std::vector<torch::Tensor> g;
+    for (const auto& piece : pieces) g.push_back((weight ? piece->weight : piece->bias).grad());
+    return torch::cat(g);
+  };
+  EXPECT_TRUE(torch::allclose(grads_of(split->pieces, true), whole->weight.grad(), 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(grads_of(split->pieces, false), whole->bias.grad(), 1e-6, 1e-7));
+  EXPECT_EQ(events, (std::vector<std::string>{"compute 3", "gradient 3", "compute 2", "gradient 2", "compute 1",
+                                              "gradient 1", "compute 0", "gradient 0"}));
+
+  EXPECT_THROW(LinearInPieces(6, 10, 11), Error);
+  EXPECT_THROW(LinearInPieces(6, 10, 0), Error);
+  EXPECT_THROW(split->copy_from(torch::nn::Linear(6, 9)), Error);
+
+  // In the benchmark's MLP each piece of the first layer closes a bucket of its own (here a
+  // piece's weight is 64 bytes), launched from its hook during backward.
+  auto mlp = make_mlp(8, 2, /*first_layer_pieces=*/4);
+  dist::DistConfig config;
+  config.bucket_mb = 64.0 / (1024 * 1024);
+  dist::DistributedDataParallel ddp(mlp.ptr(), dist::make_communicator(WorldInfo{}, {}, torch::kCPU), config);
+  using Names = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(ddp.bucket_layout(), (Names{{"2.bias", "2.weight"},
+                                        {"0.piece3.bias", "0.piece3.weight"},
+                                        {"0.piece2.bias", "0.piece2.weight"},
+                                        {"0.piece1.bias", "0.piece1.weight"},
+                                        {"0.piece0.bias", "0.piece0.weight"}}));
+  mlp->forward(torch::randn({3, 8})).sum().backward();
+  ddp.finish_gradient_sync();
+  EXPECT_EQ(ddp.stats().buckets_during_backward, 5);
 }
 
 TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
