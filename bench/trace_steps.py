@@ -39,10 +39,10 @@ def main():
         i = bisect.bisect_right(steps, when) - 1
         if i >= 0:
             by_step[i].append(k)
+    if not -len(steps) <= args.step < len(steps):
+        sys.exit(f"trace_steps.py: --step {args.step}: the trace has {len(steps)} step(s) (0..{len(steps) - 1})")
     if not any(by_step):
         sys.exit(f"trace_steps.py: no GPU kernels in the steps of {args.trace}")
-    if not -len(steps) <= args.step < len(steps):
-        sys.exit(f"trace_steps.py: --step {args.step}: the trace has {len(steps)} steps (0..{len(steps) - 1})")
 
     chosen = sorted(by_step[args.step], key=lambda e: e["ts"])
     t0 = chosen[0]["ts"]

@@ -364,7 +364,7 @@ TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
   comm->then_copy(comm->all_reduce_mean({from}), {from}, {to})->wait();
   EXPECT_TRUE(test::tensors_equal(to, torch::tensor({1.5f, -2.25f})));
   EXPECT_TRUE(test::throws_with([&] { comm->then_copy(comm->all_reduce_sum({from}), {from}, {}); },
-                                {"then_copy", "1 sources for 0 destinations"}));
+                                {"then_copy", "one destination per source", "1 source(s) and 0 destination(s)"}));
 }
 
 TEST(Ddp, RefusesToWrapTwice) {

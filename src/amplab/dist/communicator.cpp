@@ -74,7 +74,8 @@ std::shared_ptr<Work> Communicator::then_copy(std::shared_ptr<Work> work, std::v
 
 void Communicator::check_copy_pairs(const std::vector<torch::Tensor>& from, const std::vector<torch::Tensor>& to) {
   if (from.size() != to.size())
-    throw Error("then_copy: " + std::to_string(from.size()) + " sources for " + std::to_string(to.size()) + " destinations");
+    throw Error("then_copy: needs one destination per source, got " + std::to_string(from.size()) + " source(s) and " +
+                std::to_string(to.size()) + " destination(s)");
 }
 
 std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device) {
