@@ -212,6 +212,26 @@ nlohmann::json to_json(const std::optional<amplab::GpuReading>& r) {
   return {{"sm_mhz", r->sm_mhz}, {"watts", r->watts}, {"power_capped_fraction", r->power_capped}, {"samples", r->samples}};
 }
 
+// Every rank's reading of its own GPU, in rank order (a collective: every rank calls it), so
+// that a GPU slower than the others shows.
+nlohmann::json readings_of_all_ranks(amplab::dist::Communicator& comm, const std::optional<amplab::GpuReading>& mine) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& text : comm.all_gather_bytes(to_json(mine).dump())) all.push_back(nlohmann::json::parse(text));
+  return all;
+}
+
+// One value per rank, "1575/1580 MHz"; "-" where no rank has a reading (CPU, no driver).
+std::string per_rank(const nlohmann::json& readings, const char* key, double scale, const std::string& unit) {
+  std::string cell;
+  bool any = false;
+  for (const auto& r : readings) {
+    if (!cell.empty()) cell += "/";
+    any = any || !r.is_null();
+    cell += r.is_null() ? "-" : amplab::fixed(scale * r[key].get<double>(), 0);
+  }
+  return any ? cell + unit : "-";
+}
+
 // Runs `step` under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
 // kernels of each CUDA stream on one time line, so the all-reduces can be seen beside backward.
 // Two steps, each waited for; or, back_to_back, three steps queued without waiting, as a
@@ -247,7 +267,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                        "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)", "SM clock"});
   amplab::Table back_to_back_phases({"setting (back to back)", "forward", "backward", "after backward", "ms/step",
                                      "SM clock", "power", "power-capped"});
-  amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing
+  amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing (all ranks' shown)
   nlohmann::json rows = nlohmann::json::array();
   double alone_ms = 0, alone_back_to_back_ms = 0;
   // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
@@ -304,7 +324,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     amplab::log::info("bench: " + setting + ": timing each step");
     monitor.start();
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
-    auto gpu = monitor.stop();
+    auto gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians();
     if (b.trace) {
@@ -323,7 +343,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     amplab::log::info("bench: " + setting + ": timing steps back to back");
     monitor.start();
     double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
-    auto gpu_back_to_back = monitor.stop();
+    auto gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
     auto back_to_back_phase_ms = phases.medians();  // the last window's steps
     if (setting == "alone") {
       alone_ms = s.median;
@@ -337,7 +357,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                    alone ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
                    amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
                    amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0),
-                   gpu ? amplab::fixed(gpu->sm_mhz, 0) + " MHz" : "-"});
+                   per_rank(gpu, "sm_mhz", 1, " MHz")});
     rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
                     {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
                     {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
@@ -345,12 +365,12 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     {"back_to_back_forward_ms", back_to_back_phase_ms[0]},
                     {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
                     {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]},
-                    {"gpu", to_json(gpu)}, {"gpu_back_to_back", to_json(gpu_back_to_back)}});
+                    {"gpu_per_rank", gpu}, {"gpu_back_to_back_per_rank", gpu_back_to_back}});
     back_to_back_phases.add_row({setting, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
                                  amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2),
-                                 gpu_back_to_back ? amplab::fixed(gpu_back_to_back->sm_mhz, 0) + " MHz" : "-",
-                                 gpu_back_to_back ? amplab::fixed(gpu_back_to_back->watts, 0) + " W" : "-",
-                                 gpu_back_to_back ? amplab::fixed(100 * gpu_back_to_back->power_capped, 0) + "%" : "-"});
+                                 per_rank(gpu_back_to_back, "sm_mhz", 1, " MHz"),
+                                 per_rank(gpu_back_to_back, "watts", 1, " W"),
+                                 per_rank(gpu_back_to_back, "power_capped_fraction", 100, "%")});
   }
   if (world.is_main()) {
     std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
@@ -362,7 +382,8 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                  << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n\n"
               << back_to_back_phases.to_string()
               << "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
-                 "gap between steps. SM clock and power: this GPU's, medians of NVML samples every 10 ms while timing; "
+                 "gap between steps. SM clock and power: each rank's GPU (rank 0/rank 1/...), medians of NVML samples every 10 ms "
+                 "while timing; "
                  "power-capped: the share of samples in which the power cap held the clock down\n";
     if (run.enabled()) {
       table.write_csv(run.file("scaling.csv"));
