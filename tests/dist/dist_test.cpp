@@ -24,6 +24,7 @@
 #include "amplab/dist/world.hpp"
 #include "amplab/error.hpp"
 #include "amplab/models.hpp"
+#include "amplab/precision.hpp"
 #include "support.hpp"
 
 extern char** environ;
@@ -318,12 +319,28 @@ TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
   std::vector<std::string> events;
   for (size_t k = 0; k < split->pieces.size(); ++k)
     split->pieces[k]->weight.register_hook([&events, k](torch::Tensor) { events.push_back("gradient " + std::to_string(k)); });
-  auto out = split(x);
-  const auto& cat = out.grad_fn();  // the join of the pieces: its inputs are the pieces' outputs, in order
-  ASSERT_EQ(cat->next_edges().size(), 4u);
-  for (size_t k = 0; k < 4; ++k)
-    cat->next_edges()[k].function->add_pre_hook(std::make_unique<RecordStart>(events, "compute " + std::to_string(k)));
-  torch::mse_loss(out, target).backward();
+  // Forward, then backward recording when each piece's gradient is started and finished.
+  auto forward_backward = [&](Precision precision) {
+    events.clear();
+    torch::Tensor out;
+    {
+      AutocastGuard autocast(torch::kCPU, precision);
+      out = split(x);
+    }
+    const auto& cat = out.grad_fn();  // the join of the pieces: its inputs are the pieces' outputs, in order
+    for (size_t k = 0; k < cat->next_edges().size(); ++k)
+      cat->next_edges()[k].function->add_pre_hook(std::make_unique<RecordStart>(events, "compute " + std::to_string(k)));
+    torch::mse_loss(out.to(torch::kFloat32), target).backward();
+    return out;
+  };
+  const std::vector<std::string> piece_by_piece = {"compute 3", "gradient 3", "compute 2", "gradient 2",
+                                                   "compute 1", "gradient 1", "compute 0", "gradient 0"};
+  // Under bf16 autocast (the benchmark's precision) each piece's weight is cast on the way in.
+  forward_backward(Precision::bf16_mixed);
+  EXPECT_EQ(events, piece_by_piece);
+  split->zero_grad();
+  auto out = forward_backward(Precision::fp32);
+  EXPECT_EQ(events, piece_by_piece);
 
   EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-7));
   auto grads_of = [](const std::vector<torch::nn::Linear>& pieces, bool weight) {
@@ -333,8 +350,6 @@ TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
   };
   EXPECT_TRUE(torch::allclose(grads_of(split->pieces, true), whole->weight.grad(), 1e-6, 1e-7));
   EXPECT_TRUE(torch::allclose(grads_of(split->pieces, false), whole->bias.grad(), 1e-6, 1e-7));
-  EXPECT_EQ(events, (std::vector<std::string>{"compute 3", "gradient 3", "compute 2", "gradient 2", "compute 1",
-                                              "gradient 1", "compute 0", "gradient 0"}));
 
   EXPECT_THROW(LinearInPieces(6, 10, 11), Error);
   EXPECT_THROW(LinearInPieces(6, 10, 0), Error);
