@@ -112,7 +112,10 @@ class DistributedDataParallel {
 
   // Optional, between forward and backward (Trainer::step calls it): with bf16 compression,
   // looks through the graph of `loss` for parameters whose bf16 gradient can be all-reduced
-  // before autocast's cast to fp32 (see "Compression" above). Does nothing otherwise.
+  // before autocast's cast to fp32 (see "Compression" above). Does nothing otherwise. It walks
+  // the whole graph once: host time before backward is launched, about 1.5 us per Linear + ReLU
+  // layer on our 2-core build machine (6 us for the bench's MLP, 0.7-0.8 ms at 400 layers), hidden
+  // while the GPU is still running forward.
   void prepare_for_backward(const torch::Tensor& loss);
 
   // Sends the buckets not sent during backward, waits for all of them, and leaves every
