@@ -274,24 +274,35 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   // is on this machine too.
   std::string trace_dir = b.trace ? setup.comm->all_gather_bytes(run.enabled() ? run.path() : "")[0] : "";
   if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
-  std::vector<std::string> settings = {"alone", "ddp overlap", "ddp overlap, one step", "ddp no overlap"};
-  if (config.dist.compression == amplab::dist::Compression::none) settings.push_back("ddp overlap, bf16 gradients");
-  const std::string in_pieces = "first layer in " + std::to_string(b.first_layer_pieces) + " pieces";
+  // One row each; the first, the plain MLP alone, is the baseline of every efficiency.
+  struct Setting {
+    std::string name;
+    bool alone = false;             // no DDP, no communication
+    bool overlap = true;            // else dist.overlap = false
+    bool step_each_bucket = true;   // else one optimizer step after all buckets
+    bool bf16_gradients = false;    // else dist.compression as configured
+    int64_t first_layer_pieces = 1;
+  };
+  std::vector<Setting> settings = {{.name = "alone", .alone = true},
+                                   {.name = "ddp overlap"},
+                                   {.name = "ddp overlap, one step", .step_each_bucket = false},
+                                   {.name = "ddp no overlap", .overlap = false}};
+  if (config.dist.compression == amplab::dist::Compression::none)
+    settings.push_back({.name = "ddp overlap, bf16 gradients", .bf16_gradients = true});
   if (b.first_layer_pieces > 1) {
-    settings.push_back("alone, " + in_pieces);
-    settings.push_back("ddp overlap, " + in_pieces);
+    const std::string in_pieces = "first layer in " + std::to_string(b.first_layer_pieces) + " pieces";
+    settings.push_back({.name = "alone, " + in_pieces, .alone = true, .first_layer_pieces = b.first_layer_pieces});
+    settings.push_back({.name = "ddp overlap, " + in_pieces, .first_layer_pieces = b.first_layer_pieces});
   }
-  for (const std::string& setting : settings) {
-    const bool alone = setting.rfind("alone", 0) == 0;
-    const bool pieces = setting.find(in_pieces) != std::string::npos;
+  for (const Setting& setting : settings) {
     torch::manual_seed(0);
-    auto mlp = amplab::make_mlp(b.width, b.layers, pieces ? b.first_layer_pieces : 1);
+    auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
     auto dist_config = config.dist;
-    dist_config.overlap = setting != "ddp no overlap";
-    dist_config.step_each_bucket = setting != "ddp overlap, one step";
-    if (setting == "ddp overlap, bf16 gradients") dist_config.compression = amplab::dist::Compression::bf16;
+    dist_config.overlap = setting.overlap;
+    dist_config.step_each_bucket = setting.step_each_bucket;
+    if (setting.bf16_gradients) dist_config.compression = amplab::dist::Compression::bf16;
     std::unique_ptr<amplab::dist::DistributedDataParallel> ddp;
-    if (alone) mlp->to(setup.device);
+    if (setting.alone) mlp->to(setup.device);
     else ddp = ddp_lab::wrap_model(mlp.ptr(), setup, dist_config);
     amplab::TrainConfig train;
     train.precision = b.precision;
@@ -321,14 +332,14 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       phases.end_step();
     };
     setup.comm->barrier();
-    amplab::log::info("bench: " + setting + ": timing each step");
+    amplab::log::info("bench: " + setting.name + ": timing each step");
     monitor.start();
     auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
     auto gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians();
     if (b.trace) {
-      std::string base = "trace_" + setting;
+      std::string base = "trace_" + setting.name;
       base.erase(std::remove(base.begin(), base.end(), ','), base.end());
       std::replace(base.begin(), base.end(), ' ', '_');
       for (bool back_to_back : {false, true}) {
@@ -340,12 +351,12 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
     // through their all-reduces instead of each starting a step when its own host wakes up.
     setup.comm->barrier();
-    amplab::log::info("bench: " + setting + ": timing steps back to back");
+    amplab::log::info("bench: " + setting.name + ": timing steps back to back");
     monitor.start();
     double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
     auto gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
     auto back_to_back_phase_ms = phases.medians();  // the last window's steps
-    if (setting == "alone") {
+    if (&setting == &settings.front()) {
       alone_ms = s.median;
       alone_back_to_back_ms = back_to_back;
     }
@@ -353,12 +364,12 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     double rate = static_cast<double>(b.batch * world.world_size) / (back_to_back / 1e3);
     // What backward could not hide: the step's time beyond the same step without communication.
     double exposed = s.median - alone_ms;
-    table.add_row({setting, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
-                   alone ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
+    table.add_row({setting.name, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
+                   setting.alone ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
                    amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
                    amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0),
                    per_rank(gpu, "sm_mhz", 1, " MHz")});
-    rows.push_back({{"setting", setting}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
+    rows.push_back({{"setting", setting.name}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
                     {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
                     {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
                     {"back_to_back_efficiency", efficiency_back_to_back},
@@ -366,7 +377,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
                     {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]},
                     {"gpu_per_rank", gpu}, {"gpu_back_to_back_per_rank", gpu_back_to_back}});
-    back_to_back_phases.add_row({setting, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
+    back_to_back_phases.add_row({setting.name, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
                                  amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2),
                                  per_rank(gpu_back_to_back, "sm_mhz", 1, " MHz"),
                                  per_rank(gpu_back_to_back, "watts", 1, " W"),

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "amplab/timing.hpp"
+
 #ifdef AMPLAB_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -109,8 +111,7 @@ std::optional<GpuReading> GpuMonitor::stop() {
   auto median = [&](auto field) {
     std::vector<double> values;
     for (const auto& s : samples_) values.push_back(static_cast<double>(field(s)));
-    std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2), values.end());
-    return values[values.size() / 2];
+    return quantile(std::move(values), 0.5);
   };
   GpuReading reading;
   reading.samples = samples_.size();

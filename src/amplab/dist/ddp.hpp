@@ -28,9 +28,10 @@
 // kernel: a second kernel per bucket would have to find free SMs between backward's matmuls
 // once more, and may wait a whole matmul for them), while backward goes on computing earlier
 // layers. finish_gradient_sync() sends what is left and waits for everything. With
-// overlap=false all buckets go at finish time (to measure what overlap buys). Buckets always launch in the same order on every rank, which
-// collectives require. finish_gradient_sync(after_each_bucket) also hands each bucket's
-// parameters to a callback as soon as that bucket is reduced: with a fused optimizer and neither
+// overlap=false all buckets go at finish time (to measure what overlap buys). Buckets always
+// launch in the same order on every rank, which collectives require.
+// finish_gradient_sync(after_each_bucket) also hands each bucket's parameters to a callback as
+// soon as that bucket is reduced: with a fused optimizer and neither
 // loss scaling nor clipping, Trainer::step updates them there (DistConfig::step_each_bucket), so
 // the update of the early buckets runs while the last one (the first layer's gradient, ready only
 // at the end of backward) is still on the wire. Each parameter gets the update it would get from
