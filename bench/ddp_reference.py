@@ -10,6 +10,7 @@ the lab's amplab::LinearInPieces does (the lab's "first layer in K pieces" setti
 import argparse
 import os
 import statistics
+import sys
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ def main():
                    help="cut the first Linear into this many pieces (1: a plain Linear)")
     args = p.parse_args()
     if not 1 <= args.first_layer_pieces <= args.width:
-        p.error(f"--first-layer-pieces: {args.first_layer_pieces} is not between 1 and --width ({args.width})")
+        sys.exit(f"ddp_reference.py: --first-layer-pieces {args.first_layer_pieces}: allowed 1 to --width ({args.width})")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
