@@ -1,5 +1,6 @@
 #include "amplab/models.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "amplab/error.hpp"
@@ -50,8 +51,15 @@ LinearInPiecesImpl::LinearInPiecesImpl(int64_t in_features, int64_t out_features
 }
 
 torch::Tensor LinearInPiecesImpl::forward(const torch::Tensor& x) {
+  // Under autocast each piece's linear would cast x to the autocast dtype again (one copy of the
+  // whole input per piece: 3 x 0.09 ms on an H200 for 4 pieces of the bench's MLP). Cast it once,
+  // as autocast's own linear would, and the pieces find it already in that dtype.
+  torch::Tensor input = x;
+  const auto device_type = x.device().type();
+  if (at::autocast::is_autocast_enabled(device_type))
+    input = at::autocast::cached_cast(at::autocast::get_autocast_dtype(device_type), x, device_type);
   std::vector<torch::Tensor> outputs;
-  for (auto& piece : pieces) outputs.push_back(piece(x));
+  for (auto& piece : pieces) outputs.push_back(piece(input));
   return torch::cat(outputs, -1);
 }
 

@@ -33,7 +33,8 @@ TORCH_MODULE(MnistNet);
 // computed by an autograd node of its own, and is in .grad before the next piece's is computed,
 // so DDP can all-reduce one piece while the next is being computed. Worth it for a network's
 // first layer, whose gradient comes last, when nothing else is left to hide its all-reduce
-// behind. The price: forward joins the pieces' outputs, one copy of the output (torch::cat).
+// behind. The price: forward joins the pieces' outputs, one copy of the output (torch::cat);
+// under autocast the input is cast once, not once per piece.
 // Parameters: piece0.weight, piece0.bias, piece1.weight, ...
 struct LinearInPiecesImpl : torch::nn::Module {
   LinearInPiecesImpl(int64_t in_features, int64_t out_features, int64_t pieces);

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -370,6 +371,40 @@ TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
   mlp->forward(torch::randn({3, 8})).sum().backward();
   ddp.finish_gradient_sync();
   EXPECT_EQ(ddp.stats().buckets_during_backward, 5);
+}
+
+// Under autocast a Linear casts its input to the autocast dtype; in pieces that cast is done once
+// and shared (one copy of the input, not one per piece), and the output is still the Linear's.
+TEST(Ddp, LinearInPiecesCastsItsInputOnceUnderAutocast) {
+  torch::manual_seed(0);
+  torch::nn::Linear whole(6, 10);
+  LinearInPieces split(6, 10, 4);
+  split->copy_from(whole);
+  // Not a leaf: autocast caches the casts of leaves that require grad (weights), never of others.
+  auto x = torch::randn({5, 6}, torch::requires_grad()) * 1.0;
+  torch::Tensor out, expected;
+  {
+    AutocastGuard autocast(torch::kCPU, Precision::bf16_mixed);
+    out = split(x);
+    expected = whole(x);
+  }
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(out.to(torch::kFloat32), expected.to(torch::kFloat32), 1e-2, 1e-2));
+  // The nodes every piece's linear reads from: only the input's cast can be common to all.
+  std::vector<torch::autograd::Node*> shared;
+  const auto& cat = out.grad_fn();
+  for (size_t k = 0; k < cat->next_edges().size(); ++k) {
+    std::vector<torch::autograd::Node*> inputs;
+    for (const auto& edge : cat->next_edges()[k].function->next_edges())
+      if (edge.function) inputs.push_back(edge.function.get());
+    if (k == 0) {
+      shared = inputs;
+      continue;
+    }
+    std::erase_if(shared, [&](torch::autograd::Node* node) { return std::ranges::find(inputs, node) == inputs.end(); });
+  }
+  ASSERT_EQ(shared.size(), 1u) << "each piece casts the input itself";
+  EXPECT_NE(shared[0]->name().find("ToCopy"), std::string::npos) << shared[0]->name();
 }
 
 TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
