@@ -27,9 +27,10 @@ class LinearInPieces(torch.nn.Module):
         self.pieces = torch.nn.ModuleList(torch.nn.Linear(width, r) for r in rows)
 
     def forward(self, x):
-        # Under autocast each piece would cast x again; cast it once, as autocast's linear would.
+        # Under autocast each piece would cast x again; cast it once, as autocast's linear would
+        # (floating point other than float64: the tensors autocast casts).
         kind = x.device.type
-        if torch.is_autocast_enabled(kind):
+        if torch.is_autocast_enabled(kind) and x.is_floating_point() and x.dtype != torch.float64:
             x = x.to(torch.get_autocast_dtype(kind))
         return torch.cat([piece(x) for piece in self.pieces], dim=-1)
 

@@ -31,11 +31,11 @@
 // overlap=false all buckets go at finish time (to measure what overlap buys). Buckets always
 // launch in the same order on every rank, which collectives require.
 // finish_gradient_sync(after_each_bucket) also hands each bucket's parameters to a callback as
-// soon as that bucket is reduced: with a fused optimizer and neither
-// loss scaling nor clipping, Trainer::step updates them there (DistConfig::step_each_bucket), so
-// the update of the early buckets runs while the last one (the first layer's gradient, ready only
-// at the end of backward) is still on the wire. Each parameter gets the update it would get from
-// one step over all of them.
+// soon as that bucket is reduced: with a fused optimizer and neither loss scaling nor clipping,
+// Trainer::step updates them there (DistConfig::step_each_bucket), so the update of the early
+// buckets runs while the last one (the first layer's gradient, ready only at the end of
+// backward) is still on the wire. Each parameter gets the update it would get from one step
+// over all of them.
 //
 // Where gradients live. The parameter that closes its bucket by being larger than the cap (a
 // big weight), and any parameter with no other small one beside it, keeps its own .grad, which
