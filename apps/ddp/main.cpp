@@ -413,11 +413,12 @@ int main(int argc, char** argv) {
     if (auto code = amplab::parse_command_line(argc, argv, "ddp", "Lab 5: data-parallel training (DDP) in C++",
                                                amplab::describe_keys(defaults), cli))
       return *code;
-    amplab::load_lab_config(cli, config);
+    const auto source = amplab::load_lab_config(cli, config);
     if (config.bench.first_layer_pieces > config.bench.width)
-      throw amplab::Error("bench.first_layer_pieces: " + std::to_string(config.bench.first_layer_pieces) +
-                          " pieces of a layer with bench.width = " + std::to_string(config.bench.width) +
-                          " outputs; allowed: 1 to bench.width");
+      throw amplab::Error(source.where("bench.first_layer_pieces") + ": bench.first_layer_pieces: " +
+                          std::to_string(config.bench.first_layer_pieces) +
+                          " pieces of a layer with bench.width = " + std::to_string(config.bench.width) + " outputs (" +
+                          source.where("bench.width") + "); allowed: 1 to bench.width");
     const std::string yaml = amplab::to_yaml(config);
     ddp_lab::Setup setup = ddp_lab::init_distributed(config.dist, config.run.device);
     amplab::RunDir run = ddp_lab::make_run_dir(config.run, yaml, setup.world);

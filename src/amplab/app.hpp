@@ -30,10 +30,13 @@ std::optional<int> parse_command_line(int argc, char** argv, const std::string& 
                                       const std::string& config_keys, CommandLine& out,
                                       bool accepts_resume = true);
 
-// Loads configs/<lab>.yaml (or --config) with the --set overrides into `config`.
+// Loads configs/<lab>.yaml (or --config) with the --set overrides into `config`; returns the
+// source, whose where(key) names the origin of a value for checks across keys.
 template <class Config>
-void load_lab_config(const CommandLine& cli, Config& config) {
-  ConfigSource::load(cli.config_path, cli.overrides).bind(config);
+ConfigSource load_lab_config(const CommandLine& cli, Config& config) {
+  auto source = ConfigSource::load(cli.config_path, cli.overrides);
+  source.bind(config);
+  return source;
 }
 
 // Runs `body`, mapping exceptions to one line on stderr and an exit code: amplab::Error and

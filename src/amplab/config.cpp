@@ -490,6 +490,22 @@ ConfigSource::~ConfigSource() = default;
 
 const std::string& ConfigSource::name() const { return impl_->name; }
 
+std::string ConfigSource::where(const std::string& key) const {
+  YAML::Node node;
+  node.reset(impl_->root);
+  for (size_t start = 0;;) {
+    if (!node.IsMap()) return impl_->where(key, YAML::Mark::null_mark());
+    auto dot = key.find('.', start);
+    const YAML::Node& section = node;  // const: looking a key up must not add it
+    YAML::Node child = section[key.substr(start, dot - start)];
+    if (!child.IsDefined()) return impl_->where(key, YAML::Mark::null_mark());
+    node.reset(child);
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return impl_->where(key, node.Mark());
+}
+
 ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string& name,
                                  const std::vector<std::string>& overrides) {
   auto impl = std::make_unique<Impl>();

@@ -140,6 +140,10 @@ class ConfigSource {
     finish(*reader);
   }
   const std::string& name() const;
+  // Where `key` ("bench.width") got its value, for errors about values that are each valid but
+  // do not go together: "--set bench.width=256", "configs/ddp.yaml:12", or the file's name where
+  // the key keeps its default.
+  std::string where(const std::string& key) const;
 
   struct Impl;  // defined in config.cpp
 

@@ -171,6 +171,17 @@ TEST(Config, SetErrorsNameTheOverride) {
   EXPECT_TRUE(test::throws_with([] { bind("", {"device.x=1"}); }, {"--set device.x=1", "device: expected a string"}));
 }
 
+// For checks across keys: where each value came from.
+TEST(Config, WhereNamesTheLineTheOverrideOrTheFile) {
+  auto source = ConfigSource::parse("train:\n  epochs: 2\n  optim:\n    lr: 0.5\n", "test.yaml", {"device=cpu"});
+  EXPECT_EQ(source.where("train.epochs"), "test.yaml:2");
+  EXPECT_EQ(source.where("train.optim.lr"), "test.yaml:4");
+  EXPECT_EQ(source.where("device"), "--set device=cpu");
+  EXPECT_EQ(source.where("train.modes"), "test.yaml");       // absent: its default
+  EXPECT_EQ(source.where("train.epochs.more"), "test.yaml");  // under a value, not a section
+  EXPECT_EQ(source.where("train.modes"), "test.yaml");       // looking up added nothing
+}
+
 TEST(Config, WrittenYamlReadsBackToTheSameValues) {
   auto c = bind("train:\n  epochs: 3\n  precision: fp16-mixed\n  modes: [gpu-amp, cpu]\n  optim:\n    lr: 0.1\n");
   std::string yaml = to_yaml(c);

@@ -149,6 +149,14 @@ TEST(BadInput, OneLineErrorsAndExitCode2) {
   EXPECT_EQ(test::run({lab_binary("gpu_basics"), "--set", "bench.dtypes=[fp8]", "--set", "run.out_dir=" + dir.file("runs")}, &out), 2);
   EXPECT_NE(out.find("fp8"), std::string::npos) << out;
   for (const std::string& text : {out}) EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  // Two keys each valid alone but not together: named with where each came from, before any run
+  // directory is made.
+  EXPECT_EQ(test::run({lab_binary("ddp"), "--set", "bench.width=256", "--set", "bench.first_layer_pieces=300", "--set",
+                       "run.out_dir=" + dir.file("ddp_runs")}, &out), 2);
+  EXPECT_NE(out.find("--set bench.first_layer_pieces=300: bench.first_layer_pieces: 300 pieces"), std::string::npos) << out;
+  EXPECT_NE(out.find("(--set bench.width=256); allowed: 1 to bench.width"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ddp_runs"))) << out;
 }
 
 }  // namespace
