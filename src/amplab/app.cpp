@@ -47,30 +47,30 @@ std::optional<int> parse_command_line(int argc, char** argv, const std::string& 
   return std::nullopt;
 }
 
+namespace {
+// The one line a failed run ends with: on the console, and in the run's log file if it has one.
+int report_error(const std::string& message, int exit_code) {
+  log::error_to_file("error: " + message);
+  log::flush();
+  std::cerr << "error: " << message << "\n";
+  return exit_code;
+}
+}  // namespace
+
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
   } catch (const NotImplemented& e) {
-    log::flush();
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitNotImplemented;
+    return report_error(e.what(), kExitNotImplemented);
   } catch (const Error& e) {
-    log::flush();
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitUsage;
+    return report_error(e.what(), kExitUsage);
   } catch (const c10::OutOfMemoryError& e) {
-    log::flush();
-    std::cerr << "error: out of GPU memory: " << e.what_without_backtrace() << "\n";
-    return kExitFailure;
+    return report_error(std::string("out of GPU memory: ") + e.what_without_backtrace(), kExitFailure);
   } catch (const c10::Error& e) {
-    log::flush();
     std::string message = e.what_without_backtrace();
-    std::cerr << "error: " << message.substr(0, message.find('\n')) << "\n";
-    return kExitFailure;
+    return report_error(message.substr(0, message.find('\n')), kExitFailure);
   } catch (const std::exception& e) {
-    log::flush();
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitFailure;
+    return report_error(e.what(), kExitFailure);
   }
 }
 

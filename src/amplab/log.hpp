@@ -28,6 +28,9 @@ void debug(std::string_view message);
 void info(std::string_view message);
 void warn(std::string_view message);
 void error(std::string_view message);
+// An error for the log file alone, when there is one: the line the program also prints itself,
+// so that the run directory records why the run ended.
+void error_to_file(std::string_view message);
 void flush();
 
 }  // namespace amplab::log

@@ -142,8 +142,15 @@ TEST(BadInput, OneLineErrorsAndExitCode2) {
                        "run.out_dir=" + dir.file("runs")}, &out), 2);
   EXPECT_NE(out.find("no fashion-mnist files"), std::string::npos) << out;
   std::string bad = dir.write("bad.ckpt", "garbage");
-  EXPECT_EQ(test::run({lab_binary("mnist"), "--resume", bad, "--set", "run.out_dir=" + dir.file("runs")}, &out), 2);
+  EXPECT_EQ(test::run({lab_binary("mnist"), "--resume", bad, "--set", "run.out_dir=" + dir.file("resume_runs")}, &out), 2);
   EXPECT_NE(out.find("not an amplab checkpoint"), std::string::npos) << out;
+  // That run had made its run directory: its log ends with the same error line.
+  std::vector<std::filesystem::path> logs;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.file("resume_runs")))
+    if (entry.path().filename() == "mnist.log") logs.push_back(entry.path());
+  ASSERT_EQ(logs.size(), 1u);
+  std::string log_text = read_file(logs[0].string());
+  EXPECT_NE(log_text.find("error] error: checkpoint '" + bad + "' is not an amplab checkpoint"), std::string::npos) << log_text;
   EXPECT_EQ(test::run({lab_binary("mnist"), "--bogus"}, &out), 2);
   EXPECT_NE(out.find("--bogus"), std::string::npos) << out;
   EXPECT_EQ(test::run({lab_binary("gpu_basics"), "--set", "bench.dtypes=[fp8]", "--set", "run.out_dir=" + dir.file("runs")}, &out), 2);
