@@ -17,7 +17,6 @@ namespace {
 std::mutex g_mutex;
 Level g_console_level = Level::info;
 std::string g_file_path;
-std::shared_ptr<spdlog::logger> g_file_only;  // the file sink alone; null without a file
 int g_rank = 0;
 
 spdlog::level::level_enum to_spdlog(Level level) {
@@ -37,15 +36,12 @@ std::shared_ptr<spdlog::logger> make_logger() {
   Level console_level = g_rank == 0 ? g_console_level : std::max(g_console_level, Level::warn);
   console->set_level(to_spdlog(console_level));
   console->set_pattern(g_rank == 0 ? "%^[%H:%M:%S %l]%$ %v" : "%^[%H:%M:%S %l]%$ [rank " + std::to_string(g_rank) + "] %v");
-  std::vector<spdlog::sink_ptr> sinks{console};
-  g_file_only.reset();
+  std::vector<spdlog::sink_ptr> sinks{console};  // then the file's sink, if there is a file
   if (!g_file_path.empty()) {
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(g_file_path, /*truncate=*/false);
     file->set_level(spdlog::level::debug);
     file->set_pattern("[%Y-%m-%d %H:%M:%S.%e %l] %v");
     sinks.push_back(file);
-    g_file_only = std::make_shared<spdlog::logger>("amplab_file", file);
-    g_file_only->flush_on(spdlog::level::warn);
   }
   auto logger = std::make_shared<spdlog::logger>("amplab", sinks.begin(), sinks.end());
   logger->set_level(spdlog::level::trace);
@@ -99,12 +95,11 @@ void error(std::string_view message) { snapshot()->error("{}", message); }
 void flush() { snapshot()->flush(); }
 
 void error_to_file(std::string_view message) {
-  std::shared_ptr<spdlog::logger> file_only;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    file_only = g_file_only;
-  }
-  if (file_only) file_only->error("{}", message);
+  auto logger = snapshot();
+  if (logger->sinks().size() < 2) return;  // the console alone: no file
+  spdlog::logger file_only("amplab_file", logger->sinks().back());
+  file_only.error("{}", message);
+  file_only.flush();
 }
 
 }  // namespace amplab::log
