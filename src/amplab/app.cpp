@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "amplab/append_file.hpp"
 #include "amplab/env.hpp"
 #include "amplab/error.hpp"
 #include "amplab/log.hpp"
@@ -28,9 +29,15 @@ std::optional<int> parse_command_line(int argc, char** argv, const std::string& 
   app.add_option("-s,--set", out.overrides, "override one config key, e.g. --set train.lr=0.01 (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
-  if (accepts_resume)
-    app.add_option("--resume", out.resume, "resume from a checkpoint file, or 'latest' in the checkpoint directory")
-        ->type_name("PATH|latest");
+  if (accepts_resume) {
+    app.add_option("--resume", out.resume,
+                   "resume from a checkpoint file, 'latest' in the checkpoint directory, or 'auto' (latest if there is "
+                   "one, else start fresh: what a restarted worker of torchrun --max-restarts wants)")
+        ->type_name("PATH|latest|auto");
+    app.add_flag("--force", out.force,
+                 "resume although a setting the data position or the learning-rate schedule depends on changed "
+                 "(batch size, world size, epochs under a schedule...); each change is logged");
+  }
   app.footer("Config keys (set in the YAML file or with --set; defaults shown):\n" + config_keys);
   try {
     app.parse(argc, argv);
@@ -57,11 +64,25 @@ int report_error(const std::string& message, int exit_code) {
 }
 }  // namespace
 
+// Text that could not be written (a full disk) fails a run that would otherwise succeed.
+int check_unwritten(int exit_code) {
+  log::flush();
+  std::vector<std::string> lost = unwritten_files();
+  if (lost.empty() || exit_code != kExitOk) return exit_code;
+  std::string message = "some output could not be written: " + lost[0];
+  if (lost.size() > 1) message += " (and " + std::to_string(lost.size() - 1) + " more file(s))";
+  return report_error(message + "; free disk space and run again", kExitIo);
+}
+
 int guarded_main(const std::function<int()>& body) {
   try {
-    return body();
+    return check_unwritten(body());
   } catch (const NotImplemented& e) {
     return report_error(e.what(), kExitNotImplemented);
+  } catch (const IoError& e) {
+    return report_error(e.what(), kExitIo);
+  } catch (const PeerLost& e) {
+    return report_error(e.what(), kExitFailure);
   } catch (const Error& e) {
     return report_error(e.what(), kExitUsage);
   } catch (const c10::OutOfMemoryError& e) {

@@ -14,7 +14,8 @@ namespace amplab {
 struct CommandLine {
   std::string config_path;             // --config FILE
   std::vector<std::string> overrides;  // --set KEY=VALUE, in order
-  std::string resume;                  // --resume PATH|latest ("" = start fresh)
+  std::string resume;                  // --resume PATH|latest|auto ("" = start fresh)
+  bool force = false;                  // --force: resume although settings the position depends on changed
 };
 
 // Exit codes of lab binaries.
@@ -22,6 +23,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;       // an unexpected internal error
 constexpr int kExitUsage = 2;         // bad command line, config, data or checkpoint
 constexpr int kExitNotImplemented = 3;  // a starter hole was reached
+constexpr int kExitIo = 4;            // a file could not be read or written (disk full, permissions)
 
 // Parses argv with CLI11. `describe_config` lists the config keys (config.hpp's describe_keys
 // of the lab's default config) for --help. Returns the exit code when the program should stop
@@ -40,7 +42,7 @@ ConfigSource load_lab_config(const CommandLine& cli, Config& config) {
 }
 
 // Runs `body`, mapping exceptions to one line on stderr and an exit code: amplab::Error and
-// bad checkpoints -> kExitUsage, NotImplemented -> kExitNotImplemented, anything else ->
+// bad checkpoints -> kExitUsage, NotImplemented -> kExitNotImplemented, IoError -> kExitIo, anything else ->
 // kExitFailure (the message of a torch error without its C++ backtrace).
 int guarded_main(const std::function<int()>& body);
 

@@ -138,6 +138,10 @@ struct ConfigSource::Impl {
     for (const auto& [key, origin] : origins) {
       if (key == path || key.rfind(path + ".", 0) == 0 || path.rfind(key + ".", 0) == 0) return origin;
     }
+    return in_file(mark);
+  }
+  // "configs/x.yaml:12": for what only the file can hold (a key written twice).
+  std::string in_file(const YAML::Mark& mark) const {
     if (mark.is_null()) return name;
     return name + ":" + std::to_string(mark.line + 1);
   }
@@ -248,6 +252,15 @@ class YamlReader final : public FieldVisitor {
     value = node.Scalar();
   }
 
+  void field(const char* key, std::string& value, const char* doc,
+             const std::function<std::string(const std::string&)>& check) override {
+    field(key, value, doc);
+    auto found = lookup(key);
+    if (!found) return;
+    std::string problem = check(value);
+    if (!problem.empty()) fail(key, *found, problem);
+  }
+
   void choice(const char* key, std::string& value, const std::vector<std::string>& allowed,
               const char* doc) override {
     auto found = lookup(key);
@@ -296,7 +309,7 @@ class YamlReader final : public FieldVisitor {
         std::string key = key_node.IsScalar() ? printable(key_node.Scalar()) : "<non-scalar key>";
         std::string path = join_path(prefix, key);
         if (!seen.insert(key).second)
-          throw Error(doc_.where(path, key_node.Mark()) + ": key '" + path + "' appears twice");
+          throw Error(doc_.in_file(key_node.Mark()) + ": key '" + path + "' appears twice; keep one");
         if (known_.count(path)) continue;
         throw Error(doc_.where(path, key_node.Mark()) + ": unknown key '" + path + "'" + suggestion(path));
       }

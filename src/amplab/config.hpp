@@ -82,6 +82,12 @@ class FieldVisitor {
   virtual void field(const char* key, int64_t& value, const char* doc, Range<int64_t> range = {}) = 0;
   virtual void field(const char* key, double& value, const char* doc, Range<double> range = {}) = 0;
   virtual void field(const char* key, std::string& value, const char* doc) = 0;
+  // A string that `check` vets: it returns "" when the value is fine, else what is wrong with it
+  // (the reader reports that with the file, line and key).
+  virtual void field(const char* key, std::string& value, const char* doc,
+                     const std::function<std::string(const std::string&)>& check) {
+    field(key, value, doc);
+  }
   // A string that must be one of `allowed`.
   virtual void choice(const char* key, std::string& value, const std::vector<std::string>& allowed,
                       const char* doc) = 0;

@@ -1,5 +1,5 @@
 // Errors a user can act on. Anything thrown as amplab::Error is printed as one line by
-// run_main() (apps/) and ends the program with exit code 2; NotImplemented marks a student hole.
+// guarded_main() (app.hpp) and ends the program with exit code 2 (4 for IoError); NotImplemented marks a student hole.
 #pragma once
 
 #include <stdexcept>
@@ -12,6 +12,20 @@ namespace amplab {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Reading or writing a file failed (disk full, no permission, I/O error): the input was fine,
+// the machine was not. Lab binaries exit with a code of its own (4), apart from usage errors (2).
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Another process of a distributed run died or stopped answering: nothing this one can fix. The
+// message names the rank; lab binaries exit with 1, and a launcher stops (or restarts) the job.
+class PeerLost : public Error {
+ public:
+  using Error::Error;
 };
 
 // Thrown by every unfilled hole of a lab's starter code; `todo_id` is like "mnist-2".

@@ -23,7 +23,7 @@ char g_temp_path[4096];
 std::atomic<bool> g_temp_active{false};
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
-  throw Error(what + " '" + path + "': " + std::strerror(errno));
+  throw IoError(what + " '" + path + "': " + std::strerror(errno));
 }
 
 void fsync_directory(const std::string& dir) {

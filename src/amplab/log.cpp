@@ -1,18 +1,45 @@
 // Built in its own target (amplab_log) without torch's include directories; see log.hpp.
 #include "amplab/log.hpp"
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <memory>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
 
+#include "amplab/append_file.hpp"
+
 namespace amplab::log {
 
 namespace {
+
+// The log file, through an AppendFile: lines the disk refuses wait in memory and are written
+// once there is room (spdlog's own file sink drops them), and unwritten_files() reports them.
+class RetryingFileSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit RetryingFileSink(const std::string& path) : file_(path, /*truncate=*/false) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    file_.append(std::string_view(formatted.data(), formatted.size()));
+    if (file_.pending_bytes() > 0 && !warned_) {
+      warned_ = true;  // once: the console line must not itself become a flood
+      std::fprintf(stderr, "warning: cannot write the log file %s (disk full?): keeping its lines in memory and retrying\n",
+                   file_.path().c_str());
+    }
+  }
+  void flush_() override { file_.retry(); }
+
+ private:
+  AppendFile file_;
+  bool warned_ = false;
+};
 
 std::mutex g_mutex;
 Level g_console_level = Level::info;
@@ -38,7 +65,7 @@ std::shared_ptr<spdlog::logger> make_logger() {
   console->set_pattern(g_rank == 0 ? "%^[%H:%M:%S %l]%$ %v" : "%^[%H:%M:%S %l]%$ [rank " + std::to_string(g_rank) + "] %v");
   std::vector<spdlog::sink_ptr> sinks{console};  // then the file's sink, if there is a file
   if (!g_file_path.empty()) {
-    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(g_file_path, /*truncate=*/false);
+    auto file = std::make_shared<RetryingFileSink>(g_file_path);
     file->set_level(spdlog::level::debug);
     file->set_pattern("[%Y-%m-%d %H:%M:%S.%e %l] %v");
     sinks.push_back(file);

@@ -14,6 +14,7 @@
 #endif
 
 #include "amplab/error.hpp"
+#include "amplab/files.hpp"
 #include "amplab/table.hpp"
 
 namespace amplab {
@@ -158,8 +159,7 @@ std::string MemoryTracker::leak_report() const {
 }
 
 void MemoryTracker::write_timeline_csv(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write '" + path + "'");
+  std::ostringstream out;
   out << "step,phase,seconds,allocated_mib,reserved_mib,peak_allocated_mib,peak_reserved_mib,alloc_retries,ooms,source,"
          "event\n";
   const char* source = memory_is_rss(device_) ? "cpu_rss" : "cuda_allocator";
@@ -169,6 +169,7 @@ void MemoryTracker::write_timeline_csv(const std::string& path) const {
         << s.reading.alloc_retries << "," << s.reading.ooms << "," << source << ","
         << (s.phase_end ? "phase_end" : "sample") << "\n";
   }
+  write_file_atomic(path, out.str());  // whole or not at all; an IoError names the file
 }
 
 std::string MemoryTracker::summary_table() const {

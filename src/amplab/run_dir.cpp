@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -31,17 +32,28 @@ std::string local_time(const char* format) {
 
 CsvLog::CsvLog(const std::string& path, std::vector<std::string> columns, bool append)
     : columns_(columns.size()) {
-  bool exists = fs::exists(path);
-  out_.open(path, append ? std::ios::app : std::ios::trunc);
-  if (!out_) throw Error("cannot write '" + path + "'");
+  bool exists = fs::exists(path) && fs::file_size(path) > 0;
+  file_ = std::make_unique<AppendFile>(path, /*truncate=*/!append);
   if (!append || !exists) row(columns);
 }
 
 void CsvLog::row(const std::vector<std::string>& cells) {
-  if (!out_.is_open()) return;
-  for (size_t i = 0; i < cells.size(); ++i) out_ << (i ? "," : "") << cells[i];
-  out_ << "\n";
-  out_.flush();
+  if (!is_open()) return;
+  std::string line;
+  for (size_t i = 0; i < cells.size(); ++i) line += (i ? "," : "") + cells[i];
+  file_->append(line + "\n");
+  if (file_->pending_bytes() > 0 && !warned_) {
+    warned_ = true;
+    log::warn("cannot write " + file_->path() + " (disk full?): keeping its rows in memory and retrying with each new row");
+  }
+}
+
+std::string check_device_spec(const std::string& spec) {
+  if (spec == "auto" || spec == "cpu" || spec == "cuda") return "";
+  if (spec.rfind("cuda:", 0) == 0 && spec.size() > 5 && spec.size() < 9 &&
+      std::all_of(spec.begin() + 5, spec.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return "";
+  return "expected auto, cpu, cuda or cuda:N (N = 0, 1, ...); got '" + spec + "'";
 }
 
 RunDir RunDir::none() { return RunDir(); }

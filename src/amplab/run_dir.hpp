@@ -3,15 +3,20 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "amplab/append_file.hpp"
 #include "amplab/config.hpp"
 #include "amplab/log.hpp"
 
 namespace amplab {
+
+// "" when `spec` is auto, cpu, cuda or cuda:N, else what is wrong (whether the device exists is
+// checked when it is used).
+std::string check_device_spec(const std::string& spec);
 
 // Settings every lab shares, under `run:` in its YAML.
 struct RunConfig {
@@ -24,7 +29,7 @@ struct RunConfig {
 
   template <class V>
   void fields(V& v) {
-    v.field("device", device, "where to run: auto, cpu, cuda or cuda:N");
+    v.field("device", device, "where to run: auto, cpu, cuda or cuda:N", check_device_spec);
     v.field("seed", seed, "seed of torch's CPU and CUDA generators", Range<int64_t>::at_least(0));
     v.field("out_dir", out_dir, "run directories are created under <out_dir>/<lab>/");
     v.field("log_level", log_level, "console log level");
@@ -33,17 +38,19 @@ struct RunConfig {
   }
 };
 
-// Appends rows to a CSV file as they come (flushed per row), so a crashed run keeps its metrics.
+// Appends rows to a CSV file as they come (written per row), so a crashed run keeps its
+// metrics. Rows the disk refuses are kept and written later (AppendFile), never dropped silently.
 class CsvLog {
  public:
   CsvLog() = default;
   CsvLog(const std::string& path, std::vector<std::string> columns, bool append = false);
   void row(const std::vector<std::string>& cells);
-  bool is_open() const { return out_.is_open(); }
+  bool is_open() const { return file_ && file_->is_open(); }
 
  private:
-  std::ofstream out_;
+  std::unique_ptr<AppendFile> file_;
   size_t columns_ = 0;
+  bool warned_ = false;
 };
 
 class RunDir {

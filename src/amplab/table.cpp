@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "amplab/error.hpp"
+#include "amplab/files.hpp"
 
 namespace amplab {
 
@@ -55,8 +56,7 @@ std::string Table::to_string() const {
 }
 
 void Table::write_csv(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write " + path);
+  std::ostringstream out;
   auto cell = [](const std::string& s) {
     if (s.find_first_of(",\"\n") == std::string::npos) return s;
     std::string quoted = "\"";
@@ -69,6 +69,7 @@ void Table::write_csv(const std::string& path) const {
   };
   line(columns_);
   for (const auto& row : rows_) line(row);
+  write_file_atomic(path, out.str());  // whole or not at all; an IoError names the file
 }
 
 std::string fixed(double value, int decimals) {

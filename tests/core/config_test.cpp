@@ -4,6 +4,7 @@
 #include <random>
 
 #include "amplab/config.hpp"
+#include "amplab/run_dir.hpp"
 #include "amplab/config_json.hpp"
 #include "amplab/precision.hpp"
 #include "support.hpp"
@@ -134,7 +135,29 @@ TEST(Config, ChoicesListTheAllowedValues) {
 }
 
 TEST(Config, DuplicateKeyIsAnError) {
-  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 2\n  epochs: 3\n"); }, {"train.epochs", "twice"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 2\n  epochs: 3\n"); }, {"test.yaml:3", "train.epochs", "twice"}));
+  // Blamed on the file's line, not on an unrelated --set of the same section.
+  try {
+    bind("train:\n  epochs: 2\ntrain:\n  batch_size: 3\n", {"train.optim.lr=0.5"});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("test.yaml:3: key 'train' appears twice", 0), 0u) << e.what();
+  }
+}
+
+// run.device is checked when the config is read: a typo is one line naming the file and line.
+TEST(Config, RunDeviceIsAutoCpuCudaOrCudaN) {
+  for (const char* good : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"}) {
+    RunConfig run;
+    EXPECT_NO_THROW(ConfigSource::parse(std::string("device: ") + good + "\n", "run.yaml").bind(run)) << good;
+    EXPECT_EQ(run.device, good);
+  }
+  for (const char* bad : {"tpu", "cuda:", "cuda:x", "gpu", "CUDA"}) {
+    RunConfig run;
+    EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse(std::string("device: '") + bad + "'\n", "run.yaml").bind(run); },
+                                  {"run.yaml:1", "device", "expected auto, cpu, cuda or cuda:N", bad}))
+        << bad;
+  }
 }
 
 TEST(Config, SyntaxErrorNamesLineAndColumn) {
