@@ -5,9 +5,12 @@
 //
 // Each worker gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) on top of the launcher's own, so
-// NCCL_*, CUDA_VISIBLE_DEVICES and friends pass through. What it does not do, unlike torchrun:
-// restarts, elastic membership, a rendezvous between nodes (each node is started by hand with
-// the same --nnodes/--master-addr/--master-port and its own --node-rank).
+// NCCL_*, CUDA_VISIBLE_DEVICES and friends pass through. Like torchrun, --max-restarts N starts
+// every worker again when one fails (up to N times; TORCHELASTIC_RESTART_COUNT tells them which
+// attempt this is, and `--resume auto` makes them go on from the latest checkpoint). What it
+// does not do, unlike torchrun: elastic membership, restarts across nodes, a rendezvous between
+// nodes (each node is started by hand with the same --nnodes/--master-addr/--master-port and
+// its own --node-rank).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
   std::string master_addr;
   bool standalone = false;
   double grace_s = 5;
+  int max_restarts = 0;
 
   CLI::App app(
       "Starts N worker processes on this node with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, "
@@ -103,6 +107,10 @@ int main(int argc, char** argv) {
   app.add_flag("--standalone", standalone, "one node, local store on a free port");
   app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", max_restarts,
+                 "when a worker fails, stop the others and start them all again, up to this many times (one node)")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   // Everything from the first positional argument (or after "--") is the worker's command line.
   app.prefix_command();
@@ -130,6 +138,10 @@ int main(int argc, char** argv) {
     return usage_error("--standalone picks the store's address and port itself; drop --master-addr/--master-port");
   if (nnodes > 1 && !addr_given)
     return usage_error("--nnodes " + std::to_string(nnodes) + " needs --master-addr: the host of node 0, reachable from every node");
+
+  if (max_restarts > 0 && nnodes > 1)
+    return usage_error("--max-restarts restarts the workers of one node; a job of several nodes needs torchrun's elastic "
+                       "agent (torchrun --nnodes ... --max-restarts ...)");
 
   if (!addr_given) master_addr = "127.0.0.1";
   if (!port_given) master_port = nnodes > 1 ? 29500 : free_port();
@@ -165,7 +177,29 @@ int main(int argc, char** argv) {
     set("MASTER_PORT", std::to_string(master_port));
     options.workers.push_back(std::move(worker));
   }
-  std::cerr << "amplab-run: starting ranks " << node_rank * nproc_per_node << "-" << (node_rank + 1) * nproc_per_node - 1
-            << " of " << world_size << ", store " << master_addr << ":" << master_port << "\n";
-  return amplab::launcher::supervise(options);
+  for (int attempt = 0;; ++attempt) {
+    amplab::launcher::SupervisorOptions run = options;
+    for (auto& worker : run.workers) {
+      worker.env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt));
+      worker.env.push_back("TORCHELASTIC_MAX_RESTARTS=" + std::to_string(max_restarts));
+    }
+    std::cerr << "amplab-run: starting ranks " << node_rank * nproc_per_node << "-" << (node_rank + 1) * nproc_per_node - 1
+              << " of " << world_size << ", store " << master_addr << ":" << master_port
+              << (attempt > 0 ? " (restart " + std::to_string(attempt) + " of " + std::to_string(max_restarts) + ")" : "")
+              << "\n";
+    bool interrupted = false;
+    int code = amplab::launcher::supervise(run, &interrupted);
+    if (code == 0 || interrupted || code == 127 || attempt >= max_restarts) {
+      if (code != 0 && !interrupted && max_restarts > 0 && attempt >= max_restarts)
+        std::cerr << "amplab-run: giving up after " << max_restarts << " restart(s)\n";
+      return code;
+    }
+    // A fresh port: the dead store's may linger in TIME_WAIT.
+    if (!port_given) {
+      master_port = free_port();
+      for (auto& worker : options.workers)
+        for (auto& entry : worker.env)
+          if (entry.rfind("MASTER_PORT=", 0) == 0) entry = "MASTER_PORT=" + std::to_string(master_port);
+    }
+  }
 }

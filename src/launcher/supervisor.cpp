@@ -210,7 +210,12 @@ std::string signal_name(int signo) {
   }
 }
 
-int supervise(const SupervisorOptions& options) {
+int supervise(const SupervisorOptions& options, bool* interrupted) {
+  if (interrupted) *interrupted = false;
+  if (g_signal_pipe[0] > 0) {  // a previous run's (a restart)
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+  }
   if (pipe(g_signal_pipe) != 0) {
     say(std::string("cannot create a pipe: ") + std::strerror(errno));
     return 1;
@@ -322,6 +327,7 @@ int supervise(const SupervisorOptions& options) {
     return 127;
   }
   if (interrupt_signal != 0) {
+    if (interrupted) *interrupted = true;
     say("stopped after " + signal_name(interrupt_signal));
     return 128 + interrupt_signal;
   }

@@ -29,7 +29,9 @@ struct SupervisorOptions {
 //   127          the program could not be started.
 // Workers run in their own process group (a terminal's Ctrl-C reaches only the launcher, which
 // forwards it once), read stdin from /dev/null, and die with the launcher (PR_SET_PDEATHSIG).
-int supervise(const SupervisorOptions& options);
+// `interrupted`, when given, tells whether a signal to the launcher ended the run (as opposed to
+// a worker failing), which decides whether a restart makes sense.
+int supervise(const SupervisorOptions& options, bool* interrupted = nullptr);
 
 // "SIGKILL" for 9, "signal 42" for unnamed ones.
 std::string signal_name(int signo);

@@ -56,7 +56,9 @@ class CpuCommunicator final : public Communicator {
   CpuCommunicator(const WorldInfo& world, const DistConfig& config)
       : world_(world), timeout_(to_timeout(config.timeout_s)) {
     store_ = connect_store(world_, timeout_);
-    exchange_ = std::make_unique<StoreExchange>(store_, world_, timeout_, "amplab/cpu/");
+    heartbeat_ = std::make_unique<Heartbeat>(store_, world_);
+    exchange_ = std::make_unique<StoreExchange>(store_, world_, timeout_, "amplab/cpu/", heartbeat_.get(),
+                                                to_timeout(config.heartbeat_timeout_s));
     exchange_->barrier("joining the process group (rendezvous at " + world_.master_addr + ":" +
                            std::to_string(world_.master_port) + ")",
                        StoreExchange::kJoinHint);
@@ -228,7 +230,10 @@ class CpuCommunicator final : public Communicator {
     // Queued behind every pending collective, so leaving happens after they complete.
     auto left = submit(
         "leaving the process group",
-        [this, wait_for_others](const std::string&) { exchange_->leave(wait_for_others && failure_.empty()); },
+        [this, wait_for_others](const std::string&) {
+          heartbeat_->leave();  // leaving on purpose: the others must not take the silence for a death
+          exchange_->leave(wait_for_others && failure_.empty());
+        },
         /*collective=*/false);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -242,6 +247,7 @@ class CpuCommunicator final : public Communicator {
   WorldInfo world_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<Heartbeat> heartbeat_;      // this rank's signs of life, and the check on the others'
   std::unique_ptr<StoreExchange> exchange_;  // used by the worker thread only (after the rendezvous)
   bool finished_ = false;
 

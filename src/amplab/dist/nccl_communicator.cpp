@@ -19,12 +19,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <map>
 #include <optional>
 
 #include "amplab/dist/backends.hpp"
 #include "amplab/dist/rendezvous.hpp"
 #include "amplab/error.hpp"
+#include "amplab/log.hpp"
 
 namespace amplab::dist::detail {
 
@@ -90,8 +94,10 @@ class NcclCommunicator final : public Communicator {
     copy_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
 
     store_ = connect_store(world_, timeout_);
+    heartbeat_ = std::make_unique<Heartbeat>(store_, world_);
     // Our own connection to the store, apart from the one NCCL's process group uses.
-    exchange_ = std::make_unique<StoreExchange>(store_->clone(), world_, timeout_, "amplab/meta/");
+    exchange_ = std::make_unique<StoreExchange>(store_->clone(), world_, timeout_, "amplab/meta/", heartbeat_.get(),
+                                                to_timeout(config.heartbeat_timeout_s));
     exchange_->barrier("joining the process group (rendezvous at " + world_.master_addr + ":" +
                            std::to_string(world_.master_port) + ")",
                        StoreExchange::kJoinHint);
@@ -111,9 +117,12 @@ class NcclCommunicator final : public Communicator {
       throw Error("rank " + std::to_string(world_.rank) + " could not set up NCCL on " + device_.str() + ": " +
                   first_line(e) + " (NCCL_DEBUG=INFO shows why)");
     }
+    watchdog_ = std::thread([this, dead = to_timeout(config.heartbeat_timeout_s)] { watch(dead); });
   }
 
   ~NcclCommunicator() override {
+    stop_watchdog_.store(true);
+    if (watchdog_.joinable()) watchdog_.join();
     try {
       finish(/*wait_for_others=*/std::uncaught_exceptions() == 0);
     } catch (...) {
@@ -231,9 +240,44 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // A GPU collective with a dead peer never ends, and the host waits for it somewhere (a loss
+  // read back, the next step's copy) where no error can reach it. So a thread of its own watches
+  // the others' heartbeats; when one stops, it aborts NCCL and ends the process with one line
+  // naming the rank (nothing is saved: the last checkpoint stays the last good one).
+  void watch(std::chrono::milliseconds dead) {
+    std::vector<int> others;
+    for (int r = 0; r < world_.world_size; ++r)
+      if (r != world_.rank) others.push_back(r);
+    while (!stop_watchdog_.load()) {
+      std::this_thread::sleep_for(Heartbeat::kPeriod);
+      std::vector<int> silent;
+      try {
+        silent = heartbeat_->silent(others, dead_after(dead));
+      } catch (const std::exception&) {
+        silent = {0};  // the store is gone: rank 0, which hosts it, has exited
+      }
+      if (silent.empty() || stop_watchdog_.load()) continue;
+      std::string message = "error: rank " + std::to_string(world_.rank) + ": " + format_ranks(silent) +
+                            " stopped responding (no sign of life for " + format_seconds(dead_after(dead)) +
+                            "; it probably died, see its output); aborting NCCL and exiting (the last checkpoint is "
+                            "the last good one)";
+      log::error_to_file(message);
+      log::flush();
+      std::fprintf(stderr, "%s\n", message.c_str());
+      try {
+        group_->abort();
+      } catch (...) {
+      }
+      std::_Exit(1);
+    }
+  }
+
   void finish(bool wait_for_others) {
     if (finished_) return;
     finished_ = true;
+    stop_watchdog_.store(true);
+    if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+    heartbeat_->leave();
     group_->shutdown();  // waits for queued collectives, then frees NCCL's communicators
     exchange_->leave(wait_for_others);
   }
@@ -242,7 +286,10 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   torch::Device device_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<StoreExchange> exchange_;
+  std::thread watchdog_;
+  std::atomic<bool> stop_watchdog_{false};
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> group_;
   std::optional<c10::cuda::CUDAStream> copy_stream_;  // then_copy's side stream
   std::atomic<int64_t> issued_{0};  // GPU collectives issued (for messages); DDP issues from autograd's thread

@@ -2,13 +2,16 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
 #include "amplab/error.hpp"
+#include "amplab/signals.hpp"
 
 namespace amplab::dist::detail {
 
@@ -62,7 +65,7 @@ std::string format_ranks(const std::vector<int>& ranks) {
 c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(world.master_port);
-  options.isServer = world.rank == 0;
+  options.isServer = world.rank == 0 && !world.agent_store;  // torchrun's agent may host it already
   options.numWorkers = world.world_size;
   // We do our own rendezvous right after (StoreExchange::barrier), whose timeout names the
   // missing ranks; the store's built-in wait only reports a count.
@@ -70,7 +73,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, std::chron
   options.timeout = timeout;
   try {
     QuietTorchLogs quiet;
-    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    // An agent's store outlives a restart of the workers: each attempt keeps to keys of its own.
+    if (!world.agent_store && world.restart_count == 0) return store;
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "amplab/" + world.run_id + "/attempt" + std::to_string(world.restart_count) + "/", store);
   } catch (const std::exception& e) {
     if (world.rank == 0) {
       throw Error("rank 0 could not host the rendezvous store on port " + std::to_string(world.master_port) + ": " +
@@ -82,9 +89,68 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, std::chron
   }
 }
 
+Heartbeat::Heartbeat(const c10::intrusive_ptr<c10d::Store>& store, const WorldInfo& world)
+    : writer_(store->clone()), reader_(store->clone()), rank_(world.rank) {
+  const std::string key = "amplab/alive/" + std::to_string(rank_);
+  writer_->set(key, to_bytes("0"));  // before anyone may look
+  thread_ = std::thread([this, key] {
+    int64_t beat = 0;
+    while (!stop_.load()) {
+      std::this_thread::sleep_for(kPeriod);
+      try {
+        writer_->set(key, to_bytes(std::to_string(++beat)));
+      } catch (const std::exception&) {
+        return;  // the store is gone (rank 0 exited): the waiters report that themselves
+      }
+    }
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Heartbeat::leave() {
+  if (stop_.exchange(true)) return;
+  if (thread_.joinable()) thread_.join();
+  try {
+    writer_->set("amplab/alive/" + std::to_string(rank_), to_bytes("left"));
+  } catch (const std::exception&) {
+  }
+}
+
+std::vector<int> Heartbeat::silent(const std::vector<int>& ranks, std::chrono::milliseconds stale_after) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back("amplab/alive/" + std::to_string(r));
+  std::vector<int> out;
+  if (keys.empty() || !reader_->check(keys)) return out;  // a rank that never beat is still joining
+  std::vector<std::vector<uint8_t>> values = reader_->multiGet(keys);
+  const auto now = Clock::now();
+  const std::vector<uint8_t> left = to_bytes("left");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (values[i] == left) continue;
+    auto [it, fresh] = seen_.try_emplace(ranks[i], values[i], now);
+    if (!fresh && it->second.first != values[i]) it->second = {values[i], now};
+    if (now - it->second.second > stale_after) out.push_back(ranks[i]);
+  }
+  return out;
+}
+
+std::chrono::milliseconds dead_after(std::chrono::milliseconds normal) {
+  return interrupt_requested() ? std::min<std::chrono::milliseconds>(normal, std::chrono::seconds(2)) : normal;
+}
+
 StoreExchange::StoreExchange(c10::intrusive_ptr<c10d::Store> store, const WorldInfo& world,
-                             std::chrono::milliseconds timeout, std::string prefix)
-    : store_(std::move(store)), world_(world), timeout_(timeout), prefix_(std::move(prefix)) {}
+                             std::chrono::milliseconds timeout, std::string prefix, Heartbeat* heartbeat,
+                             std::chrono::milliseconds dead_after)
+    : store_(std::move(store)),
+      world_(world),
+      timeout_(timeout),
+      prefix_(std::move(prefix)),
+      heartbeat_(heartbeat),
+      dead_after_(dead_after) {}
 
 void StoreExchange::throw_store_error(const std::string& what, const std::exception& e) {
   if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr && world_.rank != 0) {
@@ -98,23 +164,47 @@ void StoreExchange::throw_store_error(const std::string& what, const std::except
 void StoreExchange::wait_for(const std::string& what, const std::vector<std::string>& keys,
                              const std::vector<int>& ranks, const std::string& hint) {
   if (keys.empty()) return;
-  try {
-    store_->wait(keys, timeout_);
-    return;
-  } catch (const c10::DistNetworkError& e) {
-    throw_store_error(what, e);
-  } catch (const c10::Error& e) {
-    // A timeout: find out who is missing, to name them.
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout_;
+  // In slices: between them, look for a rank that died (its heartbeat stopped).
+  const auto slice = heartbeat_ ? std::chrono::milliseconds(250) : timeout_;
+  while (true) {
     std::vector<int> missing;
     try {
-      for (size_t i = 0; i < keys.size(); ++i)
-        if (!store_->check({keys[i]})) missing.push_back(ranks[i]);
-    } catch (const std::exception& e2) {
-      throw_store_error(what, e2);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      store_->wait(keys, std::max(std::chrono::milliseconds(1), std::min(slice, left)));
+      return;
+    } catch (const c10::DistNetworkError& e) {
+      throw_store_error(what, e);
+    } catch (const c10::Error& e) {
+      // A timeout (of the slice or of the whole wait): who is missing?
+      try {
+        for (size_t i = 0; i < keys.size(); ++i)
+          if (!store_->check({keys[i]})) missing.push_back(ranks[i]);
+      } catch (const std::exception& e2) {
+        throw_store_error(what, e2);
+      }
+      if (missing.empty()) {
+        if (Clock::now() < deadline) continue;
+        throw_store_error(what, e);
+      }
     }
-    if (missing.empty()) throw_store_error(what, e);
-    throw Error(what + ": rank " + std::to_string(world_.rank) + " timed out after " + format_seconds(timeout_) +
-                " waiting for " + format_ranks(missing) + " (of " + std::to_string(world_.world_size) + "); " + hint);
+    if (heartbeat_) {
+      std::vector<int> dead;
+      try {
+        dead = heartbeat_->silent(missing, dead_after(dead_after_));
+      } catch (const std::exception& e) {
+        throw_store_error(what, e);
+      }
+      if (!dead.empty())
+        throw PeerLost(what + ": " + format_ranks(dead) + " stopped responding (no sign of life for " +
+                       format_seconds(dead_after(dead_after_)) + "; it probably died, see its output): rank " +
+                       std::to_string(world_.rank) + " stops too" +
+                       (interrupt_requested() ? " (it was asked to stop by a signal)" : ""));
+    }
+    if (Clock::now() >= deadline)
+      throw Error(what + ": rank " + std::to_string(world_.rank) + " timed out after " + format_seconds(timeout_) +
+                  " waiting for " + format_ranks(missing) + " (of " + std::to_string(world_.world_size) + "); " + hint);
   }
 }
 

@@ -5,9 +5,13 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "amplab/dist/world.hpp"
@@ -22,14 +26,49 @@ std::string format_ranks(const std::vector<int>& ranks);        // "rank 2", "ra
 // until `timeout`). Errors say who could not host or reach the store, and what to check.
 c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, std::chrono::milliseconds timeout);
 
+// Signs of life. Every rank bumps a counter in the store (amplab/alive/<rank>) every half second
+// from a thread and a store connection of its own; silent() names the ranks whose counter has
+// stopped, so that a rank waiting for a dead peer stops, naming it, instead of hanging until the
+// timeout (or until a launcher kills it with nothing said).
+class Heartbeat {
+ public:
+  Heartbeat(const c10::intrusive_ptr<c10d::Store>& store, const WorldInfo& world);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+  // Ranks among `ranks` whose counter has not moved for `stale_after`, by this process's clock
+  // since it first looked at them (so no clocks need to agree). Thread-safe.
+  // Ranks that left cleanly (leave()) are never silent.
+  std::vector<int> silent(const std::vector<int>& ranks, std::chrono::milliseconds stale_after);
+  // Stops beating and tells the others this rank is leaving on purpose. Idempotent.
+  void leave();
+  static constexpr std::chrono::milliseconds kPeriod{500};
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  c10::intrusive_ptr<c10d::Store> writer_, reader_;  // two connections of their own
+  int rank_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mutex_;  // reader_ and seen_
+  std::map<int, std::pair<std::vector<uint8_t>, Clock::time_point>> seen_;  // rank -> last value, when it changed
+};
+
+// How long to wait for a silent rank before calling it dead: `normal`, or 2 s once this process
+// has been asked to stop (SIGINT/SIGTERM: a launcher stopping the job after a rank died).
+std::chrono::milliseconds dead_after(std::chrono::milliseconds normal);
+
 // Rounds of byte exchange. Round n uses keys <prefix><n>/<rank>; the last rank to finish reading
 // a round deletes its keys, so a long run does not grow the store. TCPStore's (libuv) server
 // refuses messages over 8 MiB, so larger posts travel in chunks of kChunkBytes. Not
 // thread-safe: one thread drives it (the cpu backend's worker, or the caller for nccl).
 class StoreExchange {
  public:
+  // With a `heartbeat`, waits give up early on a rank that stopped beating for `dead_after`
+  // (dead_after()), with an amplab::PeerLost naming it.
   StoreExchange(c10::intrusive_ptr<c10d::Store> store, const WorldInfo& world, std::chrono::milliseconds timeout,
-                std::string prefix);
+                std::string prefix, Heartbeat* heartbeat = nullptr,
+                std::chrono::milliseconds dead_after = std::chrono::seconds(15));
 
   // One round: this rank posts `mine` when `post` is true, then reads the bytes posted by each
   // rank in `from` (in that order; this rank's own come from `mine`). Every rank in `from` must
@@ -70,6 +109,8 @@ class StoreExchange {
   WorldInfo world_;
   std::chrono::milliseconds timeout_;
   std::string prefix_;
+  Heartbeat* heartbeat_;
+  std::chrono::milliseconds dead_after_;
   int64_t next_round_ = 0;
 };
 

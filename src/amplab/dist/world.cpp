@@ -75,6 +75,9 @@ WorldInfo world_from_env(const EnvLookup& lookup) {
     world.master_addr = addr;
   }
   world.master_port = read_int(lookup, "MASTER_PORT", 1, 65535, "").value_or(world.master_port);
+  if (const char* agent = lookup("TORCHELASTIC_USE_AGENT_STORE")) world.agent_store = std::string(agent) == "True";
+  world.restart_count = read_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0, kMaxInt, "").value_or(0);
+  if (const char* id = lookup("TORCHELASTIC_RUN_ID")) world.run_id = id;
   return world;
 }
 

@@ -21,6 +21,11 @@ struct WorldInfo {
   int group_rank = 0;        // GROUP_RANK: this node's index, [0, nodes)
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR: host of rank 0, which hosts the rendezvous store
   int master_port = 29500;                // MASTER_PORT: the store's TCP port
+  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already hosts the store at
+  // MASTER_ADDR:MASTER_PORT, and every rank (rank 0 too) connects to it as a client.
+  bool agent_store = false;
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT: 0, then 1, 2... after restarts
+  std::string run_id;        // TORCHELASTIC_RUN_ID ("" without torchrun)
 
   // More than one worker: gradients must be synchronized.
   bool is_distributed() const { return world_size > 1; }
@@ -64,6 +69,7 @@ inline std::span<const std::pair<Compression, const char*>> enum_names(Compressi
 struct DistConfig {
   Backend backend = Backend::automatic;  // see Backend
   double timeout_s = 300;                // seconds any rank waits for the others before failing
+  double heartbeat_timeout_s = 15;       // seconds of silence after which a rank is taken for dead
   double bucket_mb = 25;                 // MiB of gradients all-reduced together (PyTorch's bucket_cap_mb)
   bool overlap = true;                   // all-reduce each bucket as soon as its gradients are ready
   bool broadcast_buffers = true;         // copy rank 0's buffers (e.g. BatchNorm stats) before each forward
@@ -76,6 +82,10 @@ struct DistConfig {
   void fields(V& v) {
     v.field("backend", backend, "collectives: auto (nccl on GPUs, else cpu), nccl, or cpu (tests, small CPU runs)");
     v.field("timeout_s", timeout_s, "seconds a rank waits for the others (rendezvous, collectives) before failing",
+            Range<double>::positive());
+    v.field("heartbeat_timeout_s", heartbeat_timeout_s,
+            "seconds without a sign of life from a rank (a heartbeat every 0.5 s) before the others stop, naming it "
+            "(2 s once a rank was sent SIGINT/SIGTERM, as launchers do when a worker dies)",
             Range<double>::positive());
     v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
