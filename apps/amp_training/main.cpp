@@ -539,6 +539,15 @@ int main(int argc, char** argv) {
       }
     }
     amp_training::compare_to_fp32(results);
+    // The peak again, now that the GPU has run for a while at its working clocks: the best of the
+    // two is the ceiling (timed cold, it once put the MLP at 108-114% of it).
+    double peak_after = matmul_peak_tflops(device, peak_n, cpu ? 1 : lab.bench.warmup, cpu ? 3 : lab.bench.repeats,
+                                           cpu ? 1 : lab.bench.window);
+    std::cout << "bf16 " << peak_n << "^3 matmul after the runs: " << amplab::fixed(peak_after, cpu ? 3 : 1)
+              << " TFLOP/s; the best of the two is the peak\n";
+    peak = std::max(peak, peak_after);
+    for (auto& r : results)
+      if (r.ran && r.tflops > 0 && peak > 0) r.peak_fraction = r.tflops / peak;
 
     amplab::Table table({"model", "precision", "scaler", "ms/step", "IQR ms", "samples/s", "TFLOP/s", "% of peak", "peak MiB",
                          "final loss", "speed-up", "memory vs fp32"});

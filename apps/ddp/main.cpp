@@ -87,7 +87,7 @@ std::string parameter_fingerprint(torch::nn::Module& model) {
 }
 
 int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run, const std::string& yaml,
-          const std::string& resume) {
+          const amplab::CommandLine& cli) {
   const auto& world = setup.world;
   amplab::MnistData data = amplab::load_mnist(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
@@ -114,7 +114,8 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   options.run_dir = &run;
   options.checkpoint = config.checkpoint;
   options.checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, "ddp");
-  options.resume = resume;
+  options.resume = cli.resume;  // "auto" after an elastic restart: every rank loads rank 0's latest
+  options.force_resume = cli.force;
   options.dist = amplab::dist::loop_hooks(setup.comm);
   options.evaluate = [&](int64_t) {
     torch::NoGradGuard no_grad;
@@ -425,7 +426,7 @@ int main(int argc, char** argv) {
     amplab::apply_run_settings(config.run);
     amplab::InterruptHandler interrupts;
     amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
-    int code = config.bench.enabled ? bench(config, setup, run) : train(config, setup, run, yaml, cli.resume);
+    int code = config.bench.enabled ? bench(config, setup, run) : train(config, setup, run, yaml, cli);
     if (config.bench.enabled && run.enabled()) amplab::make_plots("ddp", run);
     setup.comm->shutdown();
     return code;

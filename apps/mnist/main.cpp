@@ -3,6 +3,7 @@
 //   build/bin/mnist [--config configs/mnist.yaml] [--set key=value ...] [--resume PATH|latest]
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "amplab/app.hpp"
@@ -104,6 +105,11 @@ int main(int argc, char** argv) {
                                                amplab::describe_keys(defaults), cli))
       return *code;
     amplab::load_lab_config(cli, config);
+    if (config.mnist.modes.empty())
+      throw amplab::Error("mnist.modes is empty: list at least one of cpu, gpu, gpu-amp (e.g. --set mnist.modes=[cpu])");
+    if (std::find(config.mnist.modes.begin(), config.mnist.modes.end(), "gpu-amp") != config.mnist.modes.end() &&
+        config.mnist.amp_precisions.empty())
+      throw amplab::Error("mnist.amp_precisions is empty but mnist.modes has gpu-amp: list fp16-mixed and/or bf16-mixed");
     const std::string config_yaml = amplab::to_yaml(config);
     amplab::RunDir run = amplab::RunDir::create(config.run, "mnist", config_yaml);
     amplab::apply_run_settings(config.run);
@@ -118,9 +124,16 @@ int main(int argc, char** argv) {
     // --resume: the checkpoint names the mode it belongs to and carries the finished modes' results.
     std::vector<mnist::ModeResult> finished;
     std::string resume_path, resume_mode;
-    if (!cli.resume.empty()) {
-      resume_path = amplab::CheckpointManager(checkpoint_dir, config.checkpoint.keep_last).resolve(cli.resume);
+    const std::string resume = amplab::resolve_resume(cli.resume, checkpoint_dir);  // "auto": latest, or a fresh start
+    if (cli.resume == "auto")
+      amplab::log::info(resume.empty() ? "--resume auto: no checkpoint in " + checkpoint_dir + ", starting fresh"
+                                       : "--resume auto: resuming from the latest checkpoint in " + checkpoint_dir);
+    if (!resume.empty()) {
+      resume_path = amplab::CheckpointManager(checkpoint_dir, config.checkpoint.keep_last).resolve(resume);
       amplab::CheckpointInfo info = amplab::read_checkpoint_info(resume_path);
+      if (info.lab != "mnist")
+        throw amplab::Error("--resume: checkpoint '" + resume_path + "' was written by the " + info.lab +
+                            " lab, not by mnist; resume it with that lab's binary");
       resume_mode = info.tag;
       bool known = false;
       for (const auto& m : modes) known |= m.label() == resume_mode;
@@ -167,6 +180,8 @@ int main(int argc, char** argv) {
       options.checkpoint = config.checkpoint;
       options.checkpoint_dir = checkpoint_dir;
       options.resume = resuming ? resume_path : "";
+      options.force_resume = cli.force;
+      options.epochs_key = mode.needs_gpu() ? "train.epochs" : "mnist.cpu_epochs";
       nlohmann::json done = nlohmann::json::array();
       for (const auto& r : finished) done.push_back(to_json(r));
       options.checkpoint_extra = done.dump();
@@ -185,11 +200,12 @@ int main(int argc, char** argv) {
         result.train_loss.push_back(epoch.train_loss);
         result.test_accuracy.push_back(epoch.eval.value("test_accuracy", 0.0));
       }
-      if (!fit.epochs.empty()) {
-        result.seconds_per_epoch = fit.epochs.back().seconds;
-        result.samples_per_second = fit.epochs.back().samples_per_second;
-      }
-      result.memory = mnist::memory_use(trainer.memory());
+      if (fit.epochs.empty()) throw StopRun{amplab::kExitFailure, mode.label() + ": training ran no epoch"};
+      result.seconds_per_epoch = fit.epochs.back().seconds;
+      result.samples_per_second = fit.epochs.back().samples_per_second;
+      // A run resumed at its end trained nothing here: its memory was measured by the run that trained it.
+      if (!fit.already_finished) result.memory = mnist::memory_use(trainer.memory());
+      else result.memory.source = "-";
       finished.push_back(result);
       return result;
     };

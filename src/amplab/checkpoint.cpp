@@ -9,7 +9,13 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -118,6 +124,11 @@ CheckpointInfo read_info(torch::serialize::InputArchive& archive, const std::str
   info.position.next_batch = read_scalar<int64_t>(archive, "position_next_batch", path);
   info.position.global_step = read_scalar<int64_t>(archive, "position_global_step", path);
   info.position.data_seed = static_cast<uint64_t>(read_scalar<int64_t>(archive, "position_data_seed", path));
+  // Written since the position is counted in samples; older files lack them (0: derived on resume).
+  c10::IValue value;
+  if (archive.try_read("position_samples", value)) info.position.samples = value.toInt();
+  if (archive.try_read("position_world_size", value)) info.position.world_size = value.toInt();
+  if (archive.try_read("meta_loop", value)) info.loop_json = value.toStringRef();
   return info;
 }
 
@@ -146,6 +157,9 @@ std::string serialize_checkpoint(const TrainingState& state, const CheckpointInf
   archive.write("position_next_batch", c10::IValue(info.position.next_batch));
   archive.write("position_global_step", c10::IValue(info.position.global_step));
   archive.write("position_data_seed", c10::IValue(static_cast<int64_t>(info.position.data_seed)));
+  archive.write("position_samples", c10::IValue(info.position.samples));
+  archive.write("position_world_size", c10::IValue(info.position.world_size));
+  archive.write("meta_loop", c10::IValue(info.loop_json));
 
   // Model: a list of names, then each tensor (moved to the CPU so that a checkpoint written on a
   // GPU loads anywhere).
@@ -284,28 +298,89 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
   return info;
 }
 
-CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {}
+std::string file_name_safe(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+    if (keep) out.push_back(c);
+    else if (!out.empty() && out.back() != '_') out.push_back('_');
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
 
-std::string CheckpointManager::save(const TrainingState& state, const CheckpointInfo& info) {
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, std::string owner)
+    : dir_(std::move(dir)), keep_last_(keep_last), owner_(file_name_safe(owner)) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+void CheckpointManager::open_for_writing() {
+  if (lock_fd_ >= 0) return;
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (ec) throw Error("checkpoint.dir: cannot create '" + dir_ + "': " + ec.message());
-  char name[64];
-  std::snprintf(name, sizeof name, "step-%08lld.ckpt", static_cast<long long>(info.position.global_step));
+  if (ec) throw IoError("checkpoint.dir: cannot create '" + dir_ + "': " + ec.message() + "; set checkpoint.dir to a writable directory");
+  std::string lock_path = (fs::path(dir_) / ".lock").string();
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw IoError("checkpoint.dir: cannot write in '" + dir_ + "': " + std::strerror(errno) +
+                  "; set checkpoint.dir to a writable directory");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder = read_file(lock_path);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd);
+    throw Error("checkpoint.dir '" + dir_ + "' is in use by another run (" + (holder.empty() ? "unknown" : holder) +
+                "); wait for it to finish, or give this run its own directory with --set checkpoint.dir=DIR");
+  }
+  std::string me = "pid " + std::to_string(::getpid()) + (owner_.empty() ? "" : ", " + owner_) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    int saved = errno;
+    ::close(fd);
+    throw IoError("checkpoint.dir: cannot write in '" + dir_ + "': " + std::strerror(saved) +
+                  "; free some space or set checkpoint.dir elsewhere");
+  }
+  lock_fd_ = fd;
+  // Nobody else writes here now: a temporary file is what a killed write left behind.
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (entry.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(entry.path(), ec);
+}
+
+std::string CheckpointManager::save(const TrainingState& state, const CheckpointInfo& info) {
+  open_for_writing();
+  char step[32];
+  std::snprintf(step, sizeof step, "step-%08lld.ckpt", static_cast<long long>(info.position.global_step));
+  const std::string prefix = owner_.empty() ? "" : owner_ + "-";
+  const std::string name = prefix + step;
   std::string path = (fs::path(dir_) / name).string();
   save_checkpoint(path, state, info);
-  write_file_atomic((fs::path(dir_) / "latest").string(), std::string(name) + "\n");
+  write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
 
-  std::vector<fs::path> existing;
+  // This owner's files only (with no owner: the plain step-*.ckpt files).
+  std::error_code ec;
+  std::vector<fs::path> mine;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     std::string file = entry.path().filename().string();
-    if (file.rfind("step-", 0) == 0 && entry.path().extension() == ".ckpt") existing.push_back(entry.path());
+    if (entry.path().extension() != ".ckpt" || file.rfind(prefix + "step-", 0) != 0) continue;
+    if (file.size() != prefix.size() + std::strlen(step)) continue;  // another owner whose name starts like ours
+    mine.push_back(entry.path());
   }
-  std::sort(existing.begin(), existing.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < existing.size(); ++i)
-    if (existing[i].filename() != name) fs::remove(existing[i], ec);
+  std::sort(mine.begin(), mine.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < mine.size(); ++i)
+    if (mine[i].filename() != name) fs::remove(mine[i], ec);
   return path;
 }
+
+namespace {
+// The file name in `latest`, printable: a damaged file shows as such instead of raw bytes.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text.substr(0, 80)) out += std::isprint(static_cast<unsigned char>(c)) ? std::string(1, c) : "?";
+  return out + (text.size() > 80 ? "..." : "");
+}
+}  // namespace
+
+bool CheckpointManager::has_latest() const { return fs::exists(fs::path(dir_) / "latest"); }
 
 std::string CheckpointManager::resolve(const std::string& spec) const {
   if (spec != "latest") {
@@ -318,8 +393,13 @@ std::string CheckpointManager::resolve(const std::string& spec) const {
   std::string name = read_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   fs::path path = fs::path(dir_) / name;
-  if (name.empty() || name.find('/') != std::string::npos || !fs::exists(path))
-    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which does not exist");
+  bool sane = !name.empty() && name.find('/') == std::string::npos &&
+              std::all_of(name.begin(), name.end(), [](char c) { return std::isprint(static_cast<unsigned char>(c)); });
+  if (!sane)
+    throw Error("--resume latest: '" + latest.string() + "' is damaged (it holds '" + printable(name) +
+                "', not a file name); pass a checkpoint path instead");
+  if (!fs::exists(path))
+    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which does not exist; pass a path instead");
   return path.string();
 }
 

@@ -43,9 +43,14 @@ struct CheckpointConfig {
 // a fresh accumulation group at micro-batch `next_batch` of `epoch`.
 struct TrainingPosition {
   int64_t epoch = 0;        // 0-based epoch in progress
-  int64_t next_batch = 0;   // micro-batch index within the epoch to run next
+  int64_t next_batch = 0;   // micro-batch index within the epoch to run next (on every rank)
   int64_t global_step = 0;  // optimizer steps taken so far
   uint64_t data_seed = 0;   // the sampler's seed (the epoch's order is derived from it)
+  // Samples of the epoch trained on so far, all ranks together. Ranks take the epoch's order
+  // interleaved (EpochSampler), so these are exactly its first `samples` entries, whatever the
+  // batch size and world size: the position survives a change of either (--force).
+  int64_t samples = 0;
+  int64_t world_size = 1;   // processes that trained it
 };
 
 // Everything a checkpoint captures, by reference.
@@ -62,6 +67,7 @@ struct CheckpointInfo {
   std::string tag;          // e.g. the mode of a multi-mode lab ("gpu-amp")
   std::string config_yaml;  // the resolved config of the run that wrote it
   std::string extra_json;   // lab-specific state
+  std::string loop_json;    // the training loop's own state (loop.cpp): finished epochs, running sums
   TrainingPosition position;
 };
 
@@ -74,19 +80,39 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
 // Reads and verifies only the header and the metadata, without touching any state.
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
-// step-00000042.ckpt files in one directory, a `latest` file naming the newest, pruning.
+// The checkpoints of one directory: <owner>-step-00000042.ckpt files and a `latest` file naming
+// the newest. Several runs may share the directory one after the other (the default is one per
+// lab): each run prunes only the files it wrote itself, so the checkpoint an interrupted run
+// printed survives the next run. Two runs writing at once are refused (a lock).
 class CheckpointManager {
  public:
-  CheckpointManager(std::string dir, int64_t keep_last);
+  // `owner` names the writer in file names (a run directory's name and a mode); "" gives plain
+  // step-00000042.ckpt files.
+  CheckpointManager(std::string dir, int64_t keep_last, std::string owner = "");
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
   const std::string& dir() const { return dir_; }
-  // Writes step-<global_step>.ckpt atomically, points `latest` at it, deletes old ones. Returns its path.
+  // Before the first save (save() calls it too): creates the directory, takes its lock for this
+  // object's lifetime and removes temporary files left by a killed write. An amplab::Error names
+  // the directory when it cannot be written, or the process that holds the lock.
+  void open_for_writing();
+  // Writes <owner>-step-<global_step>.ckpt atomically, points `latest` at it, then deletes this
+  // owner's older files beyond keep_last. Returns its path.
   std::string save(const TrainingState& state, const CheckpointInfo& info);
   // "latest" -> the file `latest` names; anything else is a path that must exist.
   std::string resolve(const std::string& spec) const;
+  // Whether `latest` names a checkpoint (what --resume auto asks).
+  bool has_latest() const;
 
  private:
   std::string dir_;
   int64_t keep_last_;
+  std::string owner_;
+  int lock_fd_ = -1;
 };
+
+// A file-name-safe form of `text` ("gpu-amp (bf16-mixed)" -> "gpu-amp_bf16-mixed").
+std::string file_name_safe(const std::string& text);
 
 }  // namespace amplab

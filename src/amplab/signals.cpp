@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "amplab/files.hpp"
 
@@ -26,7 +27,7 @@ void on_signal(int sig) {
     ::_exit(128 + sig);
   }
   g_signal = sig;
-  const char message[] = "\ninterrupt received: finishing the current step, then saving a checkpoint "
+  const char message[] = "\ninterrupt received: stopping after the current step "
                          "(press Ctrl-C again to exit at once)\n";
   ssize_t ignored = ::write(STDERR_FILENO, message, sizeof message - 1);
   (void)ignored;
@@ -41,8 +42,12 @@ InterruptHandler::InterruptHandler() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // a signal must not make a blocking read or write fail with EINTR
-  sigaction(SIGINT, &action, &g_previous_int);
-  sigaction(SIGTERM, &action, &g_previous_term);
+  // A signal ignored when the program started stays ignored (POSIX's rule for shells: `nohup`,
+  // and jobs started with & in a script, ignore SIGINT on purpose).
+  for (auto [signo, previous] : {std::pair{SIGINT, &g_previous_int}, std::pair{SIGTERM, &g_previous_term}}) {
+    sigaction(signo, nullptr, previous);
+    if (previous->sa_handler != SIG_IGN) sigaction(signo, &action, nullptr);
+  }
 }
 
 InterruptHandler::~InterruptHandler() {

@@ -11,8 +11,9 @@ namespace ddp_lab {
 Setup init_distributed(const amplab::dist::DistConfig& config, const std::string& device_spec) {
   Setup setup;
   // TODO(ddp-1): Read the job from the environment with amplab::dist::world_from_env() (it
-  // explains a missing or bad variable). Device: the CPU when device_spec is "cpu" or there is
-  // no GPU; otherwise GPU number world.local_rank (one process per GPU on each node). Then
+  // explains a missing or bad variable). Device: the CPU when device_spec is "cpu", or "auto" on
+  // a machine without a GPU; otherwise GPU number world.local_rank (one process per GPU on each
+  // node), and "cuda" where there is no GPU is an error (amplab::resolve_device explains it). Then
   // amplab::dist::make_communicator(world, config, device) connects to the other ranks.
   AMPLAB_TODO("ddp-1");
   return setup;

@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <filesystem>
 
+#include "amplab/append_file.hpp"
 #include "amplab/checkpoint.hpp"
 #include "amplab/files.hpp"
 #include "support.hpp"
@@ -152,9 +156,52 @@ TEST(CheckpointManager, KeepsTheLastKAndPointsLatestAtTheNewest) {
   std::vector<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(dir.file("ckpts"))) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"latest", "step-00000003.ckpt", "step-00000004.ckpt"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".lock", "latest", "step-00000003.ckpt", "step-00000004.ckpt"}));
   EXPECT_EQ(manager.resolve("latest"), dir.file("ckpts") + "/step-00000004.ckpt");
   EXPECT_EQ(read_checkpoint_info(manager.resolve("latest")).position.global_step, 4);
+}
+
+// Runs that share a directory one after the other prune only their own files: the checkpoint an
+// interrupted run printed survives the next run, whatever its step numbers.
+TEST(CheckpointManager, PrunesOnlyItsOwnFiles) {
+  test::TempDir dir;
+  Toy s;
+  {
+    CheckpointManager interrupted(dir.file("ckpts"), 1, "20261123-101010-cpu");
+    interrupted.save(s.state(), info_at(7));
+  }
+  std::string kept = dir.file("ckpts") + "/20261123-101010-cpu-step-00000007.ckpt";
+  ASSERT_TRUE(std::filesystem::exists(kept));
+  CheckpointManager next(dir.file("ckpts"), 1, "20261123-111111-cpu");
+  for (int64_t step : {1, 2, 7, 8}) next.save(s.state(), info_at(step));
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  EXPECT_EQ(read_checkpoint_info(kept).position.global_step, 7);
+  EXPECT_EQ(next.resolve("latest"), dir.file("ckpts") + "/20261123-111111-cpu-step-00000008.ckpt");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ckpts") + "/20261123-111111-cpu-step-00000007.ckpt"));
+  EXPECT_EQ(file_name_safe("gpu-amp (bf16-mixed)"), "gpu-amp_bf16-mixed");
+}
+
+// A second run writing into the same directory at the same time is refused at once, naming the
+// first; a directory that cannot be made is an error before training, not after an epoch.
+TEST(CheckpointManager, OneWriterAtATimeAndUnwritableDirectoriesFailEarly) {
+  test::TempDir dir;
+  CheckpointManager first(dir.file("ckpts"), 2, "run-a");
+  first.open_for_writing();
+  CheckpointManager second(dir.file("ckpts"), 2, "run-b");
+  EXPECT_TRUE(test::throws_with([&] { second.open_for_writing(); }, {"is in use by another run", "run-a", "checkpoint.dir"}));
+  std::string file = dir.write("a-file", "x");
+  CheckpointManager nowhere(file + "/ckpts", 2);
+  EXPECT_TRUE(test::throws_with([&] { nowhere.open_for_writing(); }, {"checkpoint.dir: cannot create", "a-file/ckpts"}));
+}
+
+// What a write killed by SIGKILL leaves behind is removed by the next writer.
+TEST(CheckpointManager, RemovesTemporaryFilesOfKilledWrites) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("ckpts"));
+  std::string stale = dir.write("ckpts/.step-00000003.ckpt.tmp-12345", "half a checkpoint");
+  CheckpointManager manager(dir.file("ckpts"), 2);
+  manager.open_for_writing();
+  EXPECT_FALSE(std::filesystem::exists(stale));
 }
 
 TEST(CheckpointManager, ResolveErrors) {
@@ -162,6 +209,10 @@ TEST(CheckpointManager, ResolveErrors) {
   CheckpointManager manager(dir.file("empty"), 2);
   EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"no checkpoint in", "empty"}));
   EXPECT_TRUE(test::throws_with([&] { manager.resolve("/nope.ckpt"); }, {"/nope.ckpt", "does not exist"}));
+  // A damaged `latest` is named as such, its bytes shown printable.
+  std::filesystem::create_directories(dir.file("empty"));
+  dir.write("empty/latest", std::string("\x01\x02garbage\xff", 11));
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"is damaged", "??garbage?"}));
 }
 
 TEST(AtomicWrite, ReplacesWholeFilesAndLeavesNoTemporary) {
@@ -175,6 +226,58 @@ TEST(AtomicWrite, ReplacesWholeFilesAndLeavesNoTemporary) {
   EXPECT_EQ(entries, 1);
   EXPECT_STREQ(atomic_write_in_progress(), "");
   EXPECT_TRUE(test::throws_with([&] { write_file_atomic(dir.file("missing/dir/f"), "x"); }, {"cannot create"}));
+}
+
+}  // namespace
+}  // namespace amplab
+
+namespace amplab {
+namespace {
+
+// A full disk, made with RLIMIT_FSIZE (writes past the limit fail, as on a full disk): what the
+// disk refuses waits in memory, is written in order once there is room, and is reported if it
+// never could be.
+TEST(AppendFile, KeepsWhatTheDiskRefusesAndWritesItOnceThereIsRoom) {
+  test::TempDir dir;
+  std::string path = dir.file("metrics.csv");
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  std::string expected;
+  {
+    AppendFile file(path, /*truncate=*/true);
+    file.append("header\n");
+    expected += "header\n";
+    struct rlimit full = saved;
+    full.rlim_cur = 20;  // bytes: the "disk" fills up
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &full), 0);
+    for (int row = 1; row <= 5; ++row) {
+      std::string line = "row " + std::to_string(row) + "\n";
+      file.append(line);
+      expected += line;
+    }
+    EXPECT_GT(file.pending_bytes(), 0u);
+    EXPECT_FALSE(unwritten_files().empty());
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);  // room again
+    file.append("row 6\n");
+    expected += "row 6\n";
+    EXPECT_EQ(file.pending_bytes(), 0u);
+  }
+  EXPECT_EQ(read_file(path), expected);
+  EXPECT_TRUE(unwritten_files().empty());
+
+  {
+    AppendFile file(dir.file("lost.csv"), true);
+    struct rlimit none = saved;
+    none.rlim_cur = 0;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &none), 0);
+    file.append("never written\n");
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, previous_handler);
+  auto lost = unwritten_files();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_NE(lost[0].find("lost.csv: 14 bytes not written"), std::string::npos) << lost[0];
 }
 
 }  // namespace

@@ -179,10 +179,10 @@ TEST(Mnist, InconsistentFilesAreErrors) {
   dir.write("train-labels-idx1-ubyte", encode_idx(bad, false));
   EXPECT_TRUE(test::throws_with([&] { load_mnist(config); }, {"label 12 at index 4", "outside 0..9"}));
   IdxArray wrong_shape;
-  wrong_shape.dims = {20, 32, 32};
-  wrong_shape.data.resize(20 * 32 * 32);
+  wrong_shape.dims = {20, 27, 29};
+  wrong_shape.data.resize(20 * 27 * 29);
   dir.write("train-images-idx3-ubyte", encode_idx(wrong_shape, false));
-  EXPECT_TRUE(test::throws_with([&] { load_mnist(config); }, {"train-images-idx3-ubyte", "(N, 28, 28)"}));
+  EXPECT_TRUE(test::throws_with([&] { load_mnist(config); }, {"train-images-idx3-ubyte", "(N, 28, 28), got (20, 27, 29)"}));
 }
 
 TEST(Mnist, NormalizeMatchesPyTorchExamples) {

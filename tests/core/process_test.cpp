@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -81,6 +83,7 @@ TEST_P(Interrupt, SavesACheckpointThatResumesToTheEnd) {
   args.push_back("mnist.cpu_epochs=2");  // finish quickly: the checkpoint is in epoch 1 or 2
   args.push_back("--resume");
   args.push_back(path);
+  args.push_back("--force");  // fewer epochs change the linear schedule's rates: the run must be told
   if (info.position.epoch >= 2) GTEST_SKIP() << "interrupted after epoch 2; nothing left to resume with 2 epochs";
   std::string resumed;
   EXPECT_EQ(test::run(args, &resumed, 120), 0) << resumed;
@@ -165,6 +168,300 @@ TEST(BadInput, OneLineErrorsAndExitCode2) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_FALSE(std::filesystem::exists(dir.file("ddp_runs"))) << out;
 }
+
+}  // namespace
+}  // namespace amplab
+
+namespace amplab {
+namespace {
+
+// ---- Resuming, and what a run refuses ------------------------------------------------------------
+
+// Resuming a finished run says so and exits 0 with its results (it crashed here once); more
+// epochs under the config's linear schedule change the rate curve, so they need --force.
+TEST(Resume, AFinishedRunSaysSoAndTrainsMoreOnlyWhenForced) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  std::string out;
+  ASSERT_EQ(test::run(mnist_args(dir, 2), &out), 0) << out;
+  auto again = mnist_args(dir, 2);
+  again.insert(again.end(), {"--resume", "latest"});
+  EXPECT_EQ(test::run(again, &out), 0) << out;
+  EXPECT_NE(out.find("nothing left to train"), std::string::npos) << out;
+  EXPECT_NE(out.find("results: "), std::string::npos) << out;
+  auto more = mnist_args(dir, 3);
+  more.insert(more.end(), {"--resume", "latest"});
+  EXPECT_EQ(test::run(more, &out), 2) << out;
+  EXPECT_NE(out.find("error: --resume: mnist.cpu_epochs is 3 now but was 2"), std::string::npos) << out;
+  more.push_back("--force");
+  EXPECT_EQ(test::run(more, &out), 0) << out;
+  EXPECT_NE(out.find("[cpu] epoch 3: train loss"), std::string::npos) << out;
+}
+
+// --resume auto: a fresh start when there is no checkpoint, the latest when there is one.
+TEST(Resume, AutoStartsFreshOrGoesOnFromTheLatest) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  auto args = mnist_args(dir, 1);
+  args.insert(args.end(), {"--resume", "auto"});
+  std::string out;
+  EXPECT_EQ(test::run(args, &out), 0) << out;
+  EXPECT_NE(out.find("no checkpoint in"), std::string::npos) << out;
+  EXPECT_EQ(test::run(args, &out), 0) << out;
+  EXPECT_NE(out.find("resuming from the latest checkpoint"), std::string::npos) << out;
+}
+
+// Two runs in one checkpoint directory: the second is refused while the first writes there,
+// and a later fresh run never deletes the checkpoint an interrupted run printed.
+TEST(Resume, CheckpointsBelongToTheRunThatWroteThem) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  test::Child first(mnist_args(dir, 50));
+  ASSERT_TRUE(first.wait_for_output("[cpu] epoch 1/50", 60)) << first.output();
+  std::string out;
+  EXPECT_EQ(test::run(mnist_args(dir, 1), &out), 2) << out;
+  EXPECT_NE(out.find("is in use by another run"), std::string::npos) << out;
+  first.signal(SIGINT);
+  ASSERT_EQ(first.wait(60), 130) << first.output();
+  const std::string& text = first.output();
+  auto saved = text.find("checkpoint saved to ");
+  ASSERT_NE(saved, std::string::npos) << text;
+  std::string printed = text.substr(saved + 20, text.find(';', saved) - saved - 20);
+  auto fresh = mnist_args(dir, 2);
+  fresh.insert(fresh.end(), {"--set", "checkpoint.every_steps=1", "--set", "checkpoint.keep_last=1"});
+  ASSERT_EQ(test::run(fresh, &out), 0) << out;
+  EXPECT_NO_THROW(read_checkpoint_info(printed)) << printed;
+}
+
+TEST(BadInput, ARunThatCannotTrainIsRefusedInOneLine) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  struct Case {
+    std::vector<std::string> extra;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--set", "train.batch_size=100000"}, "train.batch_size=100000 "},
+      {{"--set", "mnist.modes=[]"}, "mnist.modes is empty"},
+      {{"--set", "run.device=tpu"}, "run.device: expected auto, cpu, cuda or cuda:N"},
+  };
+  for (const auto& c : cases) {
+    auto args = mnist_args(dir, 1);
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    std::string out;
+    EXPECT_EQ(test::run(args, &out), 2) << out;
+    EXPECT_NE(out.find("error: "), std::string::npos) << out;
+    EXPECT_NE(out.find(c.message, out.find("error: ")), std::string::npos) << "expected \"" << c.message << "\" in: " << out;
+    EXPECT_EQ(out.find("\n", out.find("error: ")), out.size() - 1) << "one line, the last: " << out;
+  }
+}
+
+// A SIGINT ignored when the program starts (nohup, `cmd &` in a script) stays ignored; SIGTERM
+// still stops the run with a checkpoint.
+TEST(Interrupt, AnInheritedIgnoredSigintStaysIgnored) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  std::string command = "trap '' INT; exec";
+  for (const auto& a : mnist_args(dir, 50)) command += " '" + a + "'";
+  test::Child child({"/bin/bash", "-c", command});
+  ASSERT_TRUE(child.wait_for_output("[cpu] epoch 1/50", 60)) << child.output();
+  child.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(child.output().find("interrupt received"), std::string::npos) << child.output();
+  child.signal(SIGTERM);
+  EXPECT_EQ(child.wait(60), 128 + SIGTERM) << child.output();
+  EXPECT_NE(child.output().find("checkpoint saved to "), std::string::npos) << child.output();
+}
+
+// A checkpoint of another lab is named as such, not blamed on this lab's settings.
+TEST(Resume, AnotherLabsCheckpointIsRefusedByName) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  std::string out;
+  std::vector<std::string> ddp = {lab_binary("ddp"), "--set", "run.device=cpu", "--set", "data.dir=" + dir.file("data"),
+                                  "--set", "run.out_dir=" + dir.file("ddp_runs"), "--set", "train.batch_size=16",
+                                  "--set", "train.progress=false"};
+  ASSERT_EQ(test::run(ddp, &out), 0) << out;
+  auto mnist = mnist_args(dir, 1);
+  mnist.insert(mnist.end(), {"--set", "checkpoint.dir=" + dir.file("ddp_runs") + "/ddp/checkpoints", "--resume", "latest"});
+  EXPECT_EQ(test::run(mnist, &out), 2) << out;
+  EXPECT_NE(out.find("was written by the ddp lab, not by mnist"), std::string::npos) << out;
+  // run.device=cuda where there is no GPU is an error, not a quiet run on the CPU.
+  if (!torch::cuda::is_available()) {
+    ddp.insert(ddp.end(), {"--set", "run.device=cuda"});
+    EXPECT_EQ(test::run(ddp, &out), 2) << out;
+    EXPECT_NE(out.find("no CUDA device is available"), std::string::npos) << out;
+  }
+}
+
+// A full disk (a file-size limit, with SIGXFSZ ignored, as a shell would set it) never loses
+// output silently: the run ends with exit code 4 naming the file, not 0.
+TEST(DiskFull, OutputThatCannotBeWrittenFailsTheRunNamingTheFile) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  std::string command = "trap '' XFSZ; ulimit -f 4; exec";  // 4 KiB per file: the log outgrows it
+  for (const auto& a : mnist_args(dir, 2)) command += " '" + a + "'";
+  command += " --set checkpoint.every_epoch=false --set checkpoint.on_interrupt=false --set memory.timeline=false";
+  std::string out;
+  EXPECT_EQ(test::run({"/bin/bash", "-c", command}, &out), 4) << out;
+  EXPECT_NE(out.find("bytes not written"), std::string::npos) << out;
+  EXPECT_NE(out.find("free disk space"), std::string::npos) << out;
+}
+
+// ---- Distributed runs through both launchers (CPU backend) -------------------------------------
+
+std::string torchrun() {
+  std::string path = test::source_dir() + "/.venv/bin/torchrun";
+  return std::filesystem::exists(path) ? path : "";
+}
+
+std::vector<std::string> ddp_args(const test::TempDir& dir, const std::string& out_dir, int epochs) {
+  return {lab_binary("ddp"),
+          "--set", "run.device=cpu",
+          "--set", "data.dir=" + dir.file("data"),
+          "--set", "run.out_dir=" + dir.file(out_dir),
+          "--set", "train.epochs=" + std::to_string(epochs),
+          "--set", "train.batch_size=16",
+          "--set", "train.log_every=2",
+          "--set", "train.progress=false",
+          "--set", "run.deterministic=true",
+          "--set", "dist.timeout_s=120"};
+}
+
+std::vector<std::string> launched(const std::string& launcher, std::vector<std::string> args, int nproc,
+                                  const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> out;
+  if (launcher == "amplab-run") out = {lab_binary("amplab-run"), "--nproc-per-node", std::to_string(nproc), "--grace-period", "30"};
+  else out = {torchrun(), "--nproc-per-node", std::to_string(nproc), "--no-python"};
+  bool one_node = std::find(extra.begin(), extra.end(), "--nnodes") == extra.end();
+  if (launcher == "torchrun" && one_node) out.push_back("--standalone");
+  out.insert(out.end(), extra.begin(), extra.end());
+  if (launcher == "amplab-run") out.push_back("--");
+  out.insert(out.end(), args.begin(), args.end());
+  return out;
+}
+
+// The fingerprint (CRC-32 of every parameter) rank 0 prints at the end.
+std::string fingerprint(const std::string& output) {
+  auto at = output.find("parameters identical on all 2 rank(s): yes (crc32 ");
+  return at == std::string::npos ? "" : output.substr(at + 51, 8);
+}
+
+// The pid of rank `rank` of the job whose workers inherited AMPLAB_TEST_MARK=mark.
+pid_t worker_pid(int rank, const std::string& mark) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string environ, cmdline;
+    try {
+      environ = read_file(entry.path().string() + "/environ");
+      cmdline = read_file(entry.path().string() + "/cmdline");
+    } catch (const std::exception&) {
+      continue;
+    }
+    std::string env = "\n" + environ;
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    if (cmdline.find("bin/ddp") == std::string::npos) continue;
+    if (env.find("\nAMPLAB_TEST_MARK=" + mark + "\n") != std::string::npos &&
+        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+class DistributedRun : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "torchrun" && torchrun().empty()) GTEST_SKIP() << "no .venv/bin/torchrun";
+    mark_ = std::to_string(::getpid()) + "-" + std::to_string(counter_++);
+    setenv("AMPLAB_TEST_MARK", mark_.c_str(), 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+  }
+  void TearDown() override { unsetenv("AMPLAB_TEST_MARK"); }
+  std::string mark_;
+  static inline int counter_ = 0;
+};
+
+// Rank 1 killed mid-run: rank 0, stuck in an all-reduce with a 120 s timeout, stops within
+// seconds of the launcher's SIGTERM by itself (not SIGKILLed), naming rank 1 and the last good
+// checkpoint.
+TEST_P(DistributedRun, ASurvivorOfADeadRankStopsNamingIt) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  test::Child job(launched(GetParam(), ddp_args(dir, "runs", 200), 2));
+  ASSERT_TRUE(job.wait_for_output("epoch 2/200", 120)) << job.output();
+  pid_t victim = worker_pid(1, mark_);
+  ASSERT_GT(victim, 0) << job.output();
+  ::kill(victim, SIGKILL);
+  EXPECT_NE(job.wait(90), -1) << "the job hung: " << job.output();
+  const std::string& out = job.output();
+  EXPECT_NE(out.find("rank 1 stopped responding"), std::string::npos) << out;
+  EXPECT_NE(out.find("the last good checkpoint is"), std::string::npos) << out;
+  if (GetParam() == "amplab-run") EXPECT_NE(out.find("rank 0 also failed: it exited with code 1"), std::string::npos) << out;
+}
+
+// torchrun's (and amplab-run's) --max-restarts: after a rank is killed, the restarted workers
+// go on from the latest checkpoint (--resume auto) and end with the parameters of a run that
+// was never interrupted, to the bit.
+TEST_P(DistributedRun, AnElasticRestartEndsWithTheParametersOfAnUninterruptedRun) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  auto reference_args = ddp_args(dir, "reference", 6);
+  std::string reference_out;
+  ASSERT_EQ(test::run(launched("amplab-run", reference_args, 2), &reference_out, 300), 0) << reference_out;
+  std::string reference = fingerprint(reference_out);
+  ASSERT_FALSE(reference.empty()) << reference_out;
+
+  auto args = ddp_args(dir, "restarted", 6);
+  args.insert(args.end(), {"--resume", "auto"});
+  test::Child job(launched(GetParam(), args, 2, {"--max-restarts", "1"}));
+  ASSERT_TRUE(job.wait_for_output("epoch 3/6", 120)) << job.output();
+  pid_t victim = worker_pid(1, mark_);
+  ASSERT_GT(victim, 0) << job.output();
+  ::kill(victim, SIGKILL);
+  EXPECT_EQ(job.wait(300), 0) << job.output();
+  EXPECT_NE(job.output().find("resumed from "), std::string::npos) << job.output();
+  EXPECT_EQ(fingerprint(job.output()), reference) << job.output();
+}
+
+// Two nodes simulated on one host (--nnodes 2, --node-rank 0 and 1, one shared store address):
+// the same parameters as two workers on one node.
+TEST_P(DistributedRun, TwoNodesOnOneHostTrainLikeOneNode) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  std::string one_node_out;
+  ASSERT_EQ(test::run(launched("amplab-run", ddp_args(dir, "one", 2), 2), &one_node_out, 300), 0) << one_node_out;
+  int port = 20000 + static_cast<int>(::getpid() % 20000);
+  std::vector<std::unique_ptr<test::Child>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> extra = {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1",
+                                      "--master-port", std::to_string(port)};
+    nodes.push_back(std::make_unique<test::Child>(
+        launched(GetParam(), ddp_args(dir, "node" + std::to_string(node), 2), 1, extra)));
+  }
+  for (auto& node : nodes) EXPECT_EQ(node->wait(300), 0) << node->output();
+  EXPECT_EQ(fingerprint(nodes[0]->output()), fingerprint(one_node_out)) << nodes[0]->output();
+  EXPECT_FALSE(fingerprint(one_node_out).empty()) << one_node_out;
+}
+
+// A checkpoint written by 2 processes, resumed by 1: refused, naming the world size, unless --force.
+TEST(Resume, ACheckpointOfTwoProcessesNeedsForceInOne) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  std::string out;
+  ASSERT_EQ(test::run(launched("amplab-run", ddp_args(dir, "runs", 1), 2), &out, 300), 0) << out;
+  auto alone = ddp_args(dir, "runs", 2);
+  alone.insert(alone.end(), {"--resume", "latest"});
+  EXPECT_EQ(test::run(alone, &out), 2) << out;
+  EXPECT_NE(out.find("the number of processes (WORLD_SIZE) is 1 now but was 2"), std::string::npos) << out;
+  alone.push_back("--force");
+  EXPECT_EQ(test::run(alone, &out), 0) << out;
+  EXPECT_NE(out.find("resumed from "), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, DistributedRun, ::testing::Values("amplab-run", "torchrun"),
+                         [](const auto& info) { return info.param == "amplab-run" ? std::string("AmplabRun") : std::string("Torchrun"); });
 
 }  // namespace
 }  // namespace amplab

@@ -252,7 +252,7 @@ class ExactResume : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // interrupt_after > 0: a SIGINT arrives during the last micro-batch of that optimizer step.
 std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string& checkpoint_dir, const std::string& resume,
-                                     bool fused_adamw) {
+                                     bool fused_adamw, std::vector<EpochRecord>* epochs = nullptr) {
   at::globalContext().setDeterministicAlgorithms(true, false);
   torch::set_num_threads(1);
   torch::manual_seed(42);
@@ -284,6 +284,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
   options.data_seed = 3;
   auto result = fit(trainer, batches, options);
   clear_interrupt();
+  if (epochs) *epochs = result.epochs;
   EXPECT_EQ(result.status, interrupt_after > 0 ? FitStatus::interrupted : FitStatus::completed) << result.message;
   EXPECT_EQ(trainer.global_step(), interrupt_after > 0 ? interrupt_after : 15);
   std::vector<torch::Tensor> out;
@@ -295,14 +296,199 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
 TEST_P(ExactResume, InterruptedAndResumedEqualsUninterrupted) {
   const auto [k, fused_adamw] = GetParam();
   test::TempDir dir;
-  auto reference = train_toy(0, "", "", fused_adamw);
+  std::vector<EpochRecord> reference_epochs, resumed_epochs;
+  auto reference = train_toy(0, "", "", fused_adamw, &reference_epochs);
   train_toy(k, dir.path().string(), "", fused_adamw);  // stops after k steps with a checkpoint
-  auto resumed = train_toy(0, dir.path().string(), "latest", fused_adamw);
+  auto resumed = train_toy(0, dir.path().string(), "latest", fused_adamw, &resumed_epochs);
   ASSERT_EQ(resumed.size(), reference.size());
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(test::tensors_equal(resumed[i], reference[i])) << "tensor " << i;
+  // Every epoch is reported, those before the resume too, and the interrupted one's mean loss
+  // covers its steps before the interruption as well as after.
+  ASSERT_EQ(resumed_epochs.size(), reference_epochs.size());
+  for (size_t e = 0; e < reference_epochs.size(); ++e) {
+    EXPECT_EQ(resumed_epochs[e].train_loss, reference_epochs[e].train_loss) << "epoch " << e + 1;
+    EXPECT_EQ(resumed_epochs[e].steps, reference_epochs[e].steps) << "epoch " << e + 1;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AtStep, ExactResume, ::testing::Combine(::testing::Values(1, 4, 5, 7, 12), ::testing::Bool()));
+
+// A run resumed from its last checkpoint has nothing left to train: it says so and returns its
+// epochs as they were (the MNIST lab crashed on an empty list here).
+TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  ToyData data(32);
+  auto config = sgd_config(4, 1);
+  config.epochs = 2;
+  FitOptions options = quiet_options();
+  options.checkpoint.every_epoch = true;
+  options.checkpoint_dir = dir.path().string();
+  auto net = std::make_shared<Net>();
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
+  auto first = fit(trainer, batches, options);
+  ASSERT_EQ(first.status, FitStatus::completed);
+
+  auto again_net = std::make_shared<Net>();
+  Trainer again(again_net, cross_entropy(again_net), config, torch::kCPU);
+  options.resume = "latest";
+  auto resumed = fit(again, batches, options);
+  EXPECT_EQ(resumed.status, FitStatus::completed);
+  EXPECT_TRUE(resumed.already_finished);
+  EXPECT_EQ(again.global_step(), 16);
+  ASSERT_EQ(resumed.epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) EXPECT_EQ(resumed.epochs[e].train_loss, first.epochs[e].train_loss);
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    EXPECT_TRUE(test::tensors_equal(again_net->parameters()[i], net->parameters()[i]));
+
+  // More epochs train on from there (a constant rate: nothing else changes meaning).
+  config.epochs = 3;
+  Trainer more(again_net, cross_entropy(again_net), config, torch::kCPU);
+  auto longer = fit(more, batches, options);
+  EXPECT_EQ(longer.status, FitStatus::completed);
+  EXPECT_FALSE(longer.already_finished);
+  EXPECT_EQ(longer.epochs.size(), 3u);
+  EXPECT_EQ(more.global_step(), 24);
+}
+
+// The checkpoint counts its position in samples and records what that position means: a resume
+// with another batch size is refused in one line naming the key and both values, and with
+// --force goes on from the same sample.
+TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  ToyData data(48);
+  auto config = sgd_config(4, 1);
+  config.epochs = 2;
+  FitOptions options = quiet_options();
+  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.every_steps = 6;  // mid-epoch: 12 steps per epoch
+  options.checkpoint.keep_last = 10;
+  auto net = std::make_shared<Net>();
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(48, 4, 0, true, false), torch::kCPU);
+  ASSERT_EQ(fit(trainer, batches, options).status, FitStatus::completed);
+  std::string mid_epoch;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    if (e.path().filename().string().find("step-00000006") != std::string::npos) mid_epoch = e.path().string();
+  ASSERT_FALSE(mid_epoch.empty());
+  EXPECT_EQ(read_checkpoint_info(mid_epoch).position.samples, 24);
+
+  auto bigger = config;
+  bigger.batch_size = 8;
+  auto other = std::make_shared<Net>();
+  Trainer changed(other, cross_entropy(other), bigger, torch::kCPU);
+  TensorBatches batches8(data.x, data.y, EpochSampler(48, 8, 0, true, false), torch::kCPU);
+  options.resume = mid_epoch;
+  options.checkpoint.every_steps = 0;
+  EXPECT_TRUE(test::throws_with([&] { fit(changed, batches8, options); },
+                                {"--resume: train.batch_size is 8 now but was 4", "--force", "sample 24 of epoch 1"}));
+  options.force_resume = true;
+  auto forced = fit(changed, batches8, options);
+  EXPECT_EQ(forced.status, FitStatus::completed) << forced.message;
+  // Samples 24..47 of epoch 1 in batches of 8 (3 steps), then all of epoch 2 (6 steps).
+  EXPECT_EQ(changed.global_step(), 6 + 3 + 6);
+}
+
+// A diverging run never writes a checkpoint with NaN parameters, so the kept ones are good, and
+// its message names the last good one.
+TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  ToyData data(64);
+  auto net = std::make_shared<Net>();
+  int64_t calls = 0;
+  LossFn poisoned = [&](const Batch& b) {
+    auto loss = torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
+    return ++calls > 3 ? loss * NAN : loss;  // NaN from step 4: NaN gradients, NaN parameters
+  };
+  auto config = sgd_config(4, 1);
+  config.divergence_patience = 5;
+  config.log_every = 100;
+  Trainer trainer(net, poisoned, config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
+  FitOptions options = quiet_options();
+  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.every_steps = 1;
+  options.checkpoint.keep_last = 2;
+  auto result = fit(trainer, batches, options);
+  EXPECT_EQ(result.status, FitStatus::diverged);
+  EXPECT_TRUE(test::throws_with([&] { throw Error(result.message); }, {"consecutive steps", "the last good checkpoint is", "step-00000003.ckpt", "(step 3)"}));
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() != ".ckpt") continue;
+    auto fresh = std::make_shared<Net>();
+    auto optimizer = make_optimizer(fresh->parameters(), config.optimizer);
+    GradScaler scaler(GradScalerConfig{.enabled = false});
+    TrainingState state{*fresh, *optimizer, scaler};
+    load_checkpoint(e.path().string(), state, "toy");
+    for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.isfinite().all().item<bool>()) << e.path();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// With checkpoint.on_interrupt=false a Ctrl-C saves nothing, and says so: which checkpoint is
+// the last and that the steps after it are lost. A signal during the last evaluation stops at
+// the end of training, with its final checkpoint, instead of promising one that never comes.
+TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  ToyData data(32);
+  auto net = std::make_shared<Net>();
+  InterruptHandler handler;
+  int64_t calls = 0;
+  LossFn loss = [&, inner = cross_entropy(net)](const Batch& b) {
+    if (++calls == 6) std::raise(SIGINT);
+    return inner(b);
+  };
+  auto config = sgd_config(4, 1);
+  config.epochs = 2;
+  Trainer trainer(net, loss, config, torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
+  FitOptions options = quiet_options();
+  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.every_steps = 4;
+  options.checkpoint.on_interrupt = false;
+  auto result = fit(trainer, batches, options);
+  clear_interrupt();
+  EXPECT_EQ(result.status, FitStatus::interrupted);
+  EXPECT_TRUE(test::throws_with([&] { throw Error(result.message); },
+                                {"interrupted at epoch 1 step 6", "no checkpoint saved (checkpoint.on_interrupt=false)",
+                                 "step-00000004.ckpt' at step 4, so the steps after it are lost", "resume with --resume"}));
+
+  test::TempDir final_dir;
+  auto last_net = std::make_shared<Net>();
+  Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU);
+  FitOptions at_end = quiet_options();
+  at_end.checkpoint_dir = final_dir.path().string();
+  at_end.checkpoint.every_epoch = true;
+  at_end.evaluate = [](int64_t epoch) {
+    if (epoch == 2) std::raise(SIGINT);  // during the evaluation after the last step
+    return nlohmann::json::object();
+  };
+  auto finished = fit(last, batches, at_end);
+  clear_interrupt();
+  EXPECT_EQ(finished.status, FitStatus::interrupted);
+  EXPECT_EQ(finished.epochs.size(), 2u);
+  EXPECT_TRUE(test::throws_with([&] { throw Error(finished.message); },
+                                {"after its last step: training had finished", "checkpoint saved to", "step-00000016.ckpt"}));
+}
+
+TEST(Loop, ABatchLargerThanTheTrainingSetIsRefused) {
+  ToyData data(10);
+  auto net = std::make_shared<Net>();
+  auto config = sgd_config(16, 1);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches ragged(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/false), torch::kCPU);
+  EXPECT_TRUE(test::throws_with([&] { fit(trainer, ragged, quiet_options()); },
+                                {"train.batch_size=16 is larger than the training set (10 samples)"}));
+  config.drop_last = true;
+  Trainer dropping(net, cross_entropy(net), config, torch::kCPU);
+  TensorBatches none(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/true), torch::kCPU);
+  EXPECT_TRUE(test::throws_with([&] { fit(dropping, none, quiet_options()); }, {"leaves no batch", "train.drop_last"}));
+}
 
 TEST(Loop, WritesMetricsAndStepsCsv) {
   test::TempDir dir;

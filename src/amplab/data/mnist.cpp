@@ -64,9 +64,11 @@ MnistSplit load_mnist_split(const std::string& dir, const std::string& split) {
   if (labels_path.empty()) throw Error(dir + ": no " + split + "-labels-idx1-ubyte[.gz]");
   IdxArray images = read_idx(images_path);
   IdxArray labels = read_idx(labels_path);
-  if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
-    throw Error(images_path + ": expected images of shape (N, 28, 28), got " + std::to_string(images.dims.size()) +
-                " dimensions");
+  if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28) {
+    std::string shape;
+    for (size_t i = 0; i < images.dims.size(); ++i) shape += (i ? ", " : "") + std::to_string(images.dims[i]);
+    throw Error(images_path + ": expected images of shape (N, 28, 28), got (" + shape + "); is this an MNIST-format file?");
+  }
   if (labels.dims.size() != 1) throw Error(labels_path + ": expected a 1-dimensional array of labels");
   if (labels.dims[0] != images.dims[0])
     throw Error(labels_path + ": " + std::to_string(labels.dims[0]) + " labels for " + std::to_string(images.dims[0]) +
