@@ -45,3 +45,7 @@ class NotImplemented : public Error {
 
 // The body of a starter hole: `AMPLAB_TODO("mnist-2");`
 #define AMPLAB_TODO(id) throw ::amplab::NotImplemented(id)
+
+// The body of a starter hole in device code (a CUDA kernel), which cannot throw: it does nothing.
+// The kernel's host-side launcher has a hole of the same TODO, whose AMPLAB_TODO names it.
+#define AMPLAB_TODO_DEVICE(id) ((void)0)
