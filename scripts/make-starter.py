@@ -11,6 +11,9 @@ In solution/, every hole is fenced:
 
 and the starter gets the TODO lines followed by AMPLAB_TODO("mnist-2"); which throws
 amplab::NotImplemented naming the hole. Everything outside the fences is copied as it is.
+Device code (a CUDA kernel's body, in a .cu file) cannot throw: its fence opens with
+`// BEGIN SOLUTION DEVICE` and becomes AMPLAB_TODO_DEVICE("<id>"); (a no-op), and the kernel's
+host-side launcher has a hole of the same TODO that throws.
 
     scripts/make-starter.py            # regenerate every lab's starter
     scripts/make-starter.py --check    # exit 1 if starter/ differs from what solution/ generates (CI)
@@ -20,6 +23,7 @@ The holes variant (built by CMake for scripts/check-rubric-holes.py) is the solu
 fence kept and preceded by `if (amplab_hole_stubbed("<id>")) AMPLAB_TODO("<id>");`: with the
 environment variable AMPLAB_STUB_TODO=<id>, exactly the holes of that TODO throw, as they do in
 the starter, and everything else is the solution. One build then checks every TODO in turn.
+DEVICE fences stay the solution there (the TODO's launcher, a host hole, is what throws).
 """
 import argparse
 import difflib
@@ -30,6 +34,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TODO = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
 BEGIN = re.compile(r"^(\s*)// BEGIN SOLUTION\s*$")
+BEGIN_DEVICE = re.compile(r"^(\s*)// BEGIN SOLUTION DEVICE\s*$")
 END = re.compile(r"^\s*// END SOLUTION\s*$")
 HEADER = ("// Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one\n"
           "// fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)\n")
@@ -45,17 +50,18 @@ def starter_text(source: str, name: str) -> str:
         if inside:
             if END.match(line):
                 inside = False
-            elif BEGIN.match(line):
+            elif BEGIN.match(line) or BEGIN_DEVICE.match(line):
                 raise FenceError(f"{name}:{number}: BEGIN SOLUTION inside another fence")
             continue
         todo = TODO.match(line)
         if todo:
             todo_id = todo.group(1)
-        begin = BEGIN.match(line)
+        begin = BEGIN.match(line) or BEGIN_DEVICE.match(line)
         if begin:
             if todo_id is None:
                 raise FenceError(f"{name}:{number}: BEGIN SOLUTION without a '// TODO(<lab>-<n>):' line before it")
-            out.append(f'{begin.group(1)}AMPLAB_TODO("{todo_id}");\n')
+            macro = "AMPLAB_TODO_DEVICE" if BEGIN_DEVICE.match(line) else "AMPLAB_TODO"
+            out.append(f'{begin.group(1)}{macro}("{todo_id}");\n')
             inside, todo_id = True, None
             continue
         if END.match(line):
@@ -85,6 +91,12 @@ def holes_text(source: str, name: str) -> str:
         todo = TODO.match(line)
         if todo:
             todo_id = todo.group(1)
+        if BEGIN_DEVICE.match(line):  # device code cannot throw: the solution, switched by its launcher
+            if todo_id is None:
+                raise FenceError(f"{name}: BEGIN SOLUTION DEVICE without a '// TODO(<lab>-<n>):' line before it")
+            todo_id = None
+            out.append(line)
+            continue
         begin = BEGIN.match(line)
         if begin:
             if todo_id is None:
@@ -100,9 +112,9 @@ def holes_text(source: str, name: str) -> str:
 
 
 def write_holes(lab: str, out_dir: pathlib.Path) -> int:
-    sources = sorted(p for p in (ROOT / "solution" / lab).glob("*.cpp") if p.is_file())
+    sources = sorted(p for p in (ROOT / "solution" / lab).iterdir() if p.is_file() and p.suffix in (".cpp", ".cu"))
     if not sources:
-        print(f"make-starter: no solution/{lab}/*.cpp", file=sys.stderr)
+        print(f"make-starter: no solution/{lab}/*.cpp or *.cu", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
     for source in sources:
