@@ -201,7 +201,7 @@ def graded_labs(root):
 def todo_ids(code_dir):
     """The TODO ids marked in a lab's code directory (solution/<lab> or starter/<lab>), in order."""
     ids = []
-    for source in sorted(pathlib.Path(code_dir).glob("*.cpp")):
+    for source in sorted(p for p in pathlib.Path(code_dir).iterdir() if p.suffix in (".cpp", ".cu")):
         for line in source.read_text(errors="replace").splitlines():
             match = TODO_MARK.match(line)
             if match and match.group(1) not in ids:
