@@ -20,6 +20,11 @@ test to the TODO whose points it carries:
         todo: mnist-1
         points: 2
         gpus: 1                 # needs a GPU: reported as "needs GPU", never scored, where there is none
+      - test: Kernels7_ReduceSpeed.AgainstTheReference_CUDA
+        todo: cuda_kernels-7
+        points: 3
+        gpus: 1
+        partial: true           # passing scores points x the test's RecordProperty("points_fraction", 0..1)
 
 Keys of a test (and of `defaults`, except test/todo/also_needs): see FIELDS below.
 """
@@ -50,8 +55,13 @@ FIELDS = {
     "env": "environment variables for the test's process, e.g. {CUDA_VISIBLE_DEVICES: ''}",
     "tags": "Gradescope tags (the lab and the TODO are always added)",
     "description": "a line for people (shown in the report)",
+    "partial": "true: a pass scores points x the points_fraction (0..1) the test records with "
+               "RecordProperty (performance tests); none recorded scores 0 (default false)",
 }
-DEFAULTS = {"time_limit_s": 60, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": ""}
+DEFAULTS = {"time_limit_s": 60, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": "",
+            "partial": False}
+# The property a partial test records (gtest's RecordProperty, in its JSON report).
+POINTS_FRACTION = "points_fraction"
 TODO_MARK = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -88,6 +98,7 @@ class RubricTest:
     env: dict = dataclasses.field(default_factory=dict)
     tags: list = dataclasses.field(default_factory=list)
     description: str = ""
+    partial: bool = False
     source: str = ""  # the rubric file
 
     @property
@@ -115,6 +126,9 @@ def _check_value(where, key, value):
     elif key in ("also_needs", "tags"):
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise RubricError(f"{where}: '{key}' must be a list of strings, not {value!r}")
+    elif key == "partial":
+        if not isinstance(value, bool):
+            raise RubricError(f"{where}: 'partial' must be true or false, not {value!r}")
     elif key == "env":
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise RubricError(f"{where}: 'env' must map variable names to values, not {value!r}")
@@ -174,7 +188,8 @@ def load_rubric(path, lab=None):
                                 also_needs=list(values.get("also_needs", [])), time_limit_s=values["time_limit_s"],
                                 gpus=values["gpus"], visibility=values["visibility"],
                                 env={k: str(v) for k, v in values["env"].items()},
-                                tags=list(values["tags"]), description=values["description"], source=str(path)))
+                                tags=list(values["tags"]), description=values["description"],
+                                partial=values["partial"], source=str(path)))
     return tests
 
 
@@ -266,6 +281,7 @@ class Outcome:
     seconds: float
     message: str = ""    # the first failure line, the skip reason, or what happened to the process
     details: str = ""    # every failure message, then the end of the output
+    fraction: float | None = None  # the points_fraction the test recorded (partial tests), clamped to 0..1
 
 
 NOT_IMPLEMENTED = re.compile(r"TODO\(([a-z0-9_]+-\d+)\) is not implemented yet")
@@ -288,7 +304,8 @@ def first_line(failure_text):
 
 
 def parse_report(report_path, stdout=""):
-    """{Suite.Test: (status, message, failure texts)} from gtest's JSON report (+ stdout for skip reasons)."""
+    """{Suite.Test: (status, message, failure texts, points_fraction or None)} from gtest's JSON report
+    (+ stdout for skip reasons)."""
     with open(report_path) as f:
         data = json.load(f)
     skip_reasons = {}
@@ -305,16 +322,22 @@ def parse_report(report_path, stdout=""):
         for test in suite.get("testsuite", []):
             name = f"{suite['name']}.{test['name']}"
             failures = [f.get("failure", "") for f in test.get("failures", [])]
+            fraction = None
+            if POINTS_FRACTION in test:  # RecordProperty values are strings in the report
+                try:
+                    fraction = min(1.0, max(0.0, float(test[POINTS_FRACTION])))
+                except ValueError:
+                    fraction = 0.0
             if test.get("status") == "NOTRUN":
-                results[name] = ("skipped", "disabled", [])
+                results[name] = ("skipped", "disabled", [], None)
             elif test.get("result") == "SKIPPED":
                 reason = skip_reasons.get(name, "").replace("Skipped", "").strip(" :")
                 reason = re.sub(r"^\S+:\d+: *", "", reason)
-                results[name] = ("skipped", reason or "skipped", [])
+                results[name] = ("skipped", reason or "skipped", [], None)
             elif failures:
-                results[name] = ("failed", first_line(failures[0]), failures)
+                results[name] = ("failed", first_line(failures[0]), failures, fraction)
             else:
-                results[name] = ("passed", "", [])
+                results[name] = ("passed", "", [], fraction)
     return results
 
 
@@ -378,8 +401,18 @@ def run_one(binary, name, env, cwd, timeout_s, log_path=None):
         if code == 0 and parsed is not None:
             return Outcome("failed", seconds, "the test did not run (not in the binary?)", tail(output))
         return Outcome("crashed", seconds, describe_exit(code), tail(output))
-    status, message, failures = parsed[name]
+    status, message, failures, fraction = parsed[name]
     if status == "passed" and code != 0:
         return Outcome("crashed", seconds, f"passed, then the process {describe_exit(code)}", tail(output))
     details = "\n\n".join(failures) + ("\n\n--- output ---\n" + tail(output) if status != "passed" else "")
-    return Outcome(status, seconds, message, details.strip())
+    return Outcome(status, seconds, message, details.strip(), fraction)
+
+
+def score(test, outcome):
+    """The points a test's outcome earns: all of them for a pass, or for a partial test (performance)
+    points x the fraction it recorded (0 when it recorded none); 0 otherwise."""
+    if outcome.status != "passed":
+        return 0
+    if not test.partial:
+        return test.points
+    return test.points * (outcome.fraction if outcome.fraction is not None else 0.0)

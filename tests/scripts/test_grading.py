@@ -100,6 +100,36 @@ class GtestReports(unittest.TestCase):
         self.assertEqual(parsed["S.Bad"][:2], ("failed", "f.cpp:3: boom"))
         self.assertEqual(parsed["S.Gpu_CUDA"][:2], ("skipped", "no CUDA device"))
 
+    def test_partial_tests_score_the_fraction_they_record(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tests = rubric.load_rubric(write(tmp, "rubric.yaml", """
+                lab: x
+                tests:
+                  - {test: S.Fast_CUDA, todo: x-1, points: 4, gpus: 1, partial: true}
+                  - {test: S.Plain, todo: x-1, points: 2}
+                """), "x")
+            report = {"testsuites": [{"name": "S", "testsuite": [
+                {"name": "Fast_CUDA", "status": "RUN", "result": "COMPLETED", "points_fraction": "0.75"},
+                {"name": "Over", "status": "RUN", "result": "COMPLETED", "points_fraction": "1.4"}]}]}
+            path = pathlib.Path(tmp) / "r.json"
+            path.write_text(json.dumps(report))
+            parsed = rubric.parse_report(path)
+        self.assertEqual([t.partial for t in tests], [True, False])
+        self.assertEqual(parsed["S.Fast_CUDA"][3], 0.75)
+        self.assertEqual(parsed["S.Over"][3], 1.0)  # clamped
+        passed = rubric.Outcome("passed", 1.0, fraction=0.75)
+        self.assertEqual(rubric.score(tests[0], passed), 3.0)
+        self.assertEqual(rubric.score(tests[0], rubric.Outcome("passed", 1.0)), 0.0)  # recorded nothing
+        self.assertEqual(rubric.score(tests[0], rubric.Outcome("failed", 1.0, fraction=0.75)), 0)
+        self.assertEqual(rubric.score(tests[1], passed), 2)
+        with self.assertRaises(rubric.RubricError) as caught:
+            self.load_partial("2")
+        self.assertIn("'partial' must be true or false", str(caught.exception))
+
+    def load_partial(self, value):
+        with tempfile.TemporaryDirectory() as tmp:
+            return rubric.load_rubric(write(tmp, "rubric.yaml", f"lab: x\ntests:\n  - {{test: A.B, todo: x-1, points: 1, partial: {value}}}\n"), "x")
+
 
 class StudentFiles(unittest.TestCase):
     def test_sync_rewrites_only_changed_files_and_removes_stale_ones(self):
