@@ -5,6 +5,36 @@ function(amplab_common_flags target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
 endfunction()
 
+# CUDA for a lab's kernels (*.cu beside its .cpp files, e.g. cuda_kernels). enable_language must
+# run in the top directory, above every target that compiles CUDA; the architectures are
+# TORCH_CUDA_ARCH_LIST's ("9.0" -> 90), as for src/amplab's kernels.
+if(AMPLAB_WITH_CUDA)
+  enable_language(CUDA)
+  string(REGEX REPLACE "[ ,]+" ";" AMPLAB_CUDA_ARCHS "${TORCH_CUDA_ARCH_LIST}")
+  string(REPLACE "+PTX" "" AMPLAB_CUDA_ARCHS "${AMPLAB_CUDA_ARCHS}")
+  string(REPLACE "." "" AMPLAB_CUDA_ARCHS "${AMPLAB_CUDA_ARCHS}")
+endif()
+
+# The library of one variant of a lab's code from its sources: the .cpp files with torch, the
+# .cu files (torch-free kernels and their launchers) compiled by nvcc into <target>_kernels.
+function(amplab_lab_library target lab)
+  set(_cpp ${ARGN})
+  list(FILTER _cpp INCLUDE REGEX "\\.cpp$")
+  set(_cu ${ARGN})
+  list(FILTER _cu INCLUDE REGEX "\\.cu$")
+  add_library(${target} STATIC ${_cpp})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/labs/${lab})
+  amplab_torch_target(${target})
+  target_link_libraries(${target} PUBLIC amplab::core)
+  if(_cu)
+    add_library(${target}_kernels STATIC ${_cu})
+    target_include_directories(${target}_kernels PUBLIC ${PROJECT_SOURCE_DIR}/labs/${lab} ${PROJECT_SOURCE_DIR}/src)
+    set_target_properties(${target}_kernels PROPERTIES CUDA_ARCHITECTURES "${AMPLAB_CUDA_ARCHS}" CUDA_STANDARD 17
+                                                       POSITION_INDEPENDENT_CODE ON)
+    target_link_libraries(${target} PUBLIC ${target}_kernels)
+  endif()
+endfunction()
+
 # A target that includes torch: links the core and reuses its precompiled header.
 function(amplab_torch_target target)
   target_link_libraries(${target} PRIVATE amplab::core)
@@ -28,7 +58,7 @@ list(GET AMPLAB_VARIANTS 0 AMPLAB_PRIMARY_VARIANT)
 #  holes   (instructor builds) the solution with each TODO's holes switchable to AMPLAB_TODO at
 #          run time, so that scripts/check-rubric-holes.py can check, one TODO at a time and from
 #          one build, that emptying a hole fails exactly the tests the rubric maps to it;
-#  student (AMPLAB_GRADING) the student's starter/<lab>/*.cpp that scripts/grade copies into
+#  student (AMPLAB_GRADING) the student's starter/<lab>/*.{cpp,cu} that scripts/grade copies into
 #          <build>/student/<lab>/, linked with this checkout's tests, apps and core.
 set(AMPLAB_EXTRA_VARIANTS "")
 if(AMPLAB_VARIANT STREQUAL "both" AND AMPLAB_HOLE_CHECK AND AMPLAB_BUILD_TESTS)
@@ -40,32 +70,34 @@ endif()
 
 # amplab_add_lab(<lab>): the lab's functions from starter/<lab> and/or solution/<lab>
 # (library amplab_<lab>_<variant>, header in labs/<lab>), and its binary from apps/<lab>:
-# bin/<lab> (primary variant) and bin/<lab>-starter when both variants are built.
+# bin/<lab> (primary variant) and bin/<lab>-starter when both variants are built. A lab with
+# .cu files needs CUDA: without it (a CPU-only torch) the lab is left out.
 function(amplab_add_lab lab)
+  file(GLOB _any_cu ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cu ${PROJECT_SOURCE_DIR}/starter/${lab}/*.cu)
+  if(_any_cu AND NOT AMPLAB_WITH_CUDA)
+    message(STATUS "amplab: lab ${lab} left out: its kernels need CUDA (this LibTorch is a CPU build)")
+    return()
+  endif()
   foreach(variant IN LISTS AMPLAB_VARIANTS)
-    file(GLOB _srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${variant}/${lab}/*.cpp)
+    file(GLOB _srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${variant}/${lab}/*.cpp ${PROJECT_SOURCE_DIR}/${variant}/${lab}/*.cu)
     if(NOT _srcs)
       message(FATAL_ERROR "lab ${lab}: no sources in ${variant}/${lab}/")
     endif()
-    set(_lib amplab_${lab}_${variant})
-    add_library(${_lib} STATIC ${_srcs})
-    target_include_directories(${_lib} PUBLIC ${PROJECT_SOURCE_DIR}/labs/${lab})
-    amplab_torch_target(${_lib})
-    target_link_libraries(${_lib} PUBLIC amplab::core)
+    amplab_lab_library(amplab_${lab}_${variant} ${lab} ${_srcs})
   endforeach()
   if("student" IN_LIST AMPLAB_EXTRA_VARIANTS)
-    file(GLOB _student_srcs CONFIGURE_DEPENDS ${PROJECT_BINARY_DIR}/student/${lab}/*.cpp)
+    file(GLOB _student_srcs CONFIGURE_DEPENDS ${PROJECT_BINARY_DIR}/student/${lab}/*.cpp ${PROJECT_BINARY_DIR}/student/${lab}/*.cu)
     if(NOT _student_srcs)  # nothing copied there yet: the starter's, until scripts/grade copies some
-      file(GLOB _student_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/starter/${lab}/*.cpp)
+      file(GLOB _student_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/starter/${lab}/*.cpp ${PROJECT_SOURCE_DIR}/starter/${lab}/*.cu)
     endif()
-    add_library(amplab_${lab}_student STATIC ${_student_srcs})
-    target_include_directories(amplab_${lab}_student PUBLIC ${PROJECT_SOURCE_DIR}/labs/${lab})
-    amplab_torch_target(amplab_${lab}_student)
-    target_link_libraries(amplab_${lab}_student PUBLIC amplab::core)
+    amplab_lab_library(amplab_${lab}_student ${lab} ${_student_srcs})
     set_target_properties(amplab_${lab}_student PROPERTIES EXCLUDE_FROM_ALL ON)
+    if(TARGET amplab_${lab}_student_kernels)
+      set_target_properties(amplab_${lab}_student_kernels PROPERTIES EXCLUDE_FROM_ALL ON)
+    endif()
   endif()
   if("holes" IN_LIST AMPLAB_EXTRA_VARIANTS)
-    file(GLOB _solution_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cpp)
+    file(GLOB _solution_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cpp ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cu)
     set(_holes_dir ${PROJECT_BINARY_DIR}/holes/${lab})
     set(_holes_srcs "")
     foreach(_src IN LISTS _solution_srcs)
@@ -76,11 +108,11 @@ function(amplab_add_lab lab)
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/make-starter.py --holes ${lab} ${_holes_dir}
       DEPENDS ${_solution_srcs} ${PROJECT_SOURCE_DIR}/scripts/make-starter.py
       COMMENT "Generating the holes variant of ${lab}" VERBATIM)
-    add_library(amplab_${lab}_holes STATIC ${_holes_srcs})
-    target_include_directories(amplab_${lab}_holes PUBLIC ${PROJECT_SOURCE_DIR}/labs/${lab}
-                               PRIVATE ${PROJECT_SOURCE_DIR}/solution/${lab})
-    amplab_torch_target(amplab_${lab}_holes)
-    target_link_libraries(amplab_${lab}_holes PUBLIC amplab::core)
+    amplab_lab_library(amplab_${lab}_holes ${lab} ${_holes_srcs})
+    target_include_directories(amplab_${lab}_holes PRIVATE ${PROJECT_SOURCE_DIR}/solution/${lab})
+    if(TARGET amplab_${lab}_holes_kernels)
+      target_include_directories(amplab_${lab}_holes_kernels PRIVATE ${PROJECT_SOURCE_DIR}/solution/${lab})
+    endif()
   endif()
 
   file(GLOB _app_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/apps/${lab}/*.cpp)
