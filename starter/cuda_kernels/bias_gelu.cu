@@ -1,0 +1,101 @@
+// Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
+// fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
+// Lab 6, part 5: a fused training op, y = gelu(x + bias) (tanh approximation), forward and
+// backward one kernel each, in fp32 or bf16 storage with fp32 math. See labs/cuda_kernels/README.md,
+// part 5 (kernel fusion, arithmetic intensity). The torch::autograd::Function around them is in
+// cuda_kernels.cpp.
+#include <algorithm>
+
+#include "cuda_check.cuh"
+#include "kernels.hpp"
+
+namespace cuda_kernels {
+
+namespace {
+
+[[maybe_unused]] void check_bias_gelu_arguments(const char* function, int64_t rows, int64_t cols, DType dtype) {
+  check_size(function, "rows", rows);
+  check_size(function, "cols", cols);
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    bad_argument(function, "dtype", static_cast<int64_t>(dtype), "f32 or bf16");
+}
+
+}  // namespace
+
+// z = x + b as the composed ops compute it: the sum in fp32, rounded to the storage type.
+template <class T>
+__device__ __forceinline__ float biased(T x, T b) {
+  return to_float(from_float<T>(to_float(x) + to_float(b)));
+}
+
+// V: elements per 16-byte access (4 floats, 8 bf16), or 1 (one element at a time).
+template <class T, int V>
+__global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
+                                         int64_t rows, int64_t cols) {
+  // TODO(cuda_kernels-13): One pass over x: load, add the bias of the element's column, GELU
+  // (gelu_tanh, in fp32), round to T once, store. Composed, PyTorch writes x + bias to memory and
+  // reads it back for the GELU: the fused kernel moves about half the bytes. A grid-stride loop
+  // over V-element vectors (16-byte loads and stores; V > 1 only when the launcher saw that cols is
+  // a multiple of V and the pointers are aligned, so that a vector never straddles two rows), or
+  // over single elements for V == 1. The bias is (cols): column of element i is i % cols.
+  AMPLAB_TODO_DEVICE("cuda_kernels-13");
+}
+
+template <class T>
+void launch_bias_gelu_forward(const void* x, const void* bias, void* y, int64_t rows, int64_t cols, int threads,
+                              cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  T* yt = static_cast<T*>(y);
+  const bool vectors = cols % V == 0 && aligned16(x) && aligned16(bias) && aligned16(y);
+  const int64_t items = vectors ? rows * cols / V : rows * cols;
+  const int sms = sm_count();
+  if (vectors) {
+    const int64_t blocks = std::min(ceil_div(items, threads), int64_t{sms} * blocks_per_sm(bias_gelu_forward_kernel<T, V>, threads));
+    bias_gelu_forward_kernel<T, V><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(xt, bt, yt, rows, cols);
+  } else {
+    const int64_t blocks = std::min(ceil_div(items, threads), int64_t{sms} * blocks_per_sm(bias_gelu_forward_kernel<T, 1>, threads));
+    bias_gelu_forward_kernel<T, 1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(xt, bt, yt, rows, cols);
+  }
+  check_launch("bias_gelu_forward_kernel");
+}
+
+void bias_gelu_forward(const void* x, const void* bias, void* y, int64_t rows, int64_t cols, DType dtype,
+                       cudaStream_t stream) {
+  // TODO(cuda_kernels-13): Check rows, cols and dtype, nothing to do for an empty x, then launch
+  // the kernel for the dtype (float or __nv_bfloat16) through launch_bias_gelu_forward (given: it
+  // picks the vector width and a one-wave grid-stride grid of 256-thread blocks).
+  AMPLAB_TODO("cuda_kernels-13");
+}
+
+// The backward kernel's blocks: kStripCols columns (a warp's width) x kStripWarps warps, each warp
+// walking down the rows of the block's columns.
+constexpr int kStripCols = 32, kStripWarps = 32;
+
+template <class T>
+__global__ void __launch_bounds__(kStripCols * kStripWarps)
+    bias_gelu_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ bias,
+                              T* __restrict__ grad_x, T* __restrict__ grad_bias, int64_t rows, int64_t cols) {
+  // TODO(cuda_kernels-14): Two results in one pass over grad_y and x: grad_x element-wise
+  // (grad_y * gelu_tanh_grad(z), rounded to T), and grad_bias, the sum of grad_x down each column.
+  // The column sums decide the shape: block b owns the kStripCols columns from b * kStripCols and
+  // all the rows, so it can finish its columns' sums itself, in a fixed order (the same bits every
+  // run) and with no second kernel. Lane l of warp w handles column l (the warp reads 32
+  // consecutive elements of a row: coalesced) in rows w, w + kStripWarps, ... and keeps its part
+  // of the column's sum in a register (sum the rounded grad_x values, in fp32). Unroll the row loop
+  // (several rows' loads in flight). Then the warps' sums meet in shared memory and one warp adds
+  // them up per column and writes grad_bias (rounded to T). Columns past cols do no loads but must
+  // still reach the __syncthreads. rows == 0 still writes grad_bias = 0.
+  AMPLAB_TODO_DEVICE("cuda_kernels-14");
+}
+
+void bias_gelu_backward(const void* grad_y, const void* x, const void* bias, void* grad_x, void* grad_bias,
+                        int64_t rows, int64_t cols, DType dtype, cudaStream_t stream) {
+  // TODO(cuda_kernels-14): Check the arguments; nothing to do without columns (but rows == 0 with
+  // columns must still zero grad_bias); one block of kStripCols x kStripWarps threads per strip of
+  // kStripCols columns, for the dtype.
+  AMPLAB_TODO("cuda_kernels-14");
+}
+
+}  // namespace cuda_kernels
