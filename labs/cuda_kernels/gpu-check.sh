@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Checks the cuda_kernels lab on a GPU machine. Run it in the project root with the project built
+# in build-gpu/ (see ../shared/device/README.md), e.g. in one device command:
+#   bash .device/gpu-build.sh && . .device/env.sh && bash labs/cuda_kernels/gpu-check.sh
+# It prints, and writes to $OUT when set (tests.log, app.log, summary.json, the plots):
+#   1. the graded tests on the solution, GPU tests included, with each speed test's ratio to its
+#      PyTorch baseline and the share of points it earns (tests/labs/cuda_kernels_test.cpp's
+#      kReference holds the reference ratios: update it from these numbers);
+#   2. that the untouched starter fails every graded test;
+#   3. with --holes: that emptying each TODO fails exactly its rubric's tests (16 runs of the suite);
+#   4. the lab binary: every part's table, the plots and the filtered images in its run directory.
+# Usage: bash labs/cuda_kernels/gpu-check.sh [--holes] [BUILD_DIR]   (exit 1 when a check failed)
+set -uo pipefail
+holes=0
+if [ "${1:-}" = "--holes" ]; then holes=1; shift; fi
+build=${1:-build-gpu}
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+status=0
+say() { printf '\n=== %s ===\n' "$*"; }
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader || true
+
+say "1. graded tests on the solution ($build/bin/cuda_kernels_test_solution)"
+"$build/bin/cuda_kernels_test_solution" --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1 || status=1
+sed -n '/Global test environment tear-down/,$p' "$out/tests.log" | tail -n +2 | head -40
+grep -B1 -A12 -E '^[^ ]+:[0-9]+: Failure' "$out/tests.log" | head -80
+python3 - "$out/tests.json" <<'PY'
+import json, sys
+for suite in json.load(open(sys.argv[1]))["testsuites"]:
+    for t in suite["testsuite"]:
+        if "speed_ratio" in t:
+            print(f"speed  {suite['name']}.{t['name']}: ratio {float(t['speed_ratio']):.3f}, "
+                  f"points {100 * float(t['points_fraction']):.0f}%")
+PY
+grep -E '^(float4 add|warp shuffles|tiled|register-blocked|forward \+ backward)' "$out/tests.log"
+
+say "2. the untouched starter fails every graded test"
+python3 scripts/check-starter-fails.py "$build/bin/cuda_kernels_test_starter" | tail -3 || status=1
+
+if [ "$holes" = 1 ]; then
+  say "3. rubric holes"
+  if python3 -c 'import yaml' 2>/dev/null; then
+    python3 scripts/check-rubric-holes.py --lab cuda_kernels --solution "$build/bin/cuda_kernels_test_solution" \
+      --holes "$build/bin/cuda_kernels_test_holes" --repeat 1 | grep -v '^  skipped' || status=1
+  else
+    echo "skipped: python3 has no PyYAML here"
+  fi
+fi
+
+say "4. the lab binary ($build/bin/cuda_kernels)"
+"$build/bin/cuda_kernels" --set run.out_dir="$out/runs" > "$out/app.log" 2>&1 || status=1
+cat "$out/app.log"
+run_dir=$(ls -d "$out"/runs/cuda_kernels/*/ 2>/dev/null | tail -1)
+if [ -n "$run_dir" ]; then
+  for f in summary.json roofline.png bandwidth.png conv_filters.png; do
+    [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$out/"
+  done
+  rm -rf "$out/runs"  # the rest stays out of $OUT (few files come back from the device machine)
+fi
+rm -f "$out/tests.json"
+say "gpu-check: $([ $status = 0 ] && echo 'all checks passed' || echo 'FAILED (see above)')"
+exit $status
