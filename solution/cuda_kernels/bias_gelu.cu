@@ -96,8 +96,9 @@ void bias_gelu_forward(const void* x, const void* bias, void* y, int64_t rows, i
 // walking down the rows of the block's columns.
 constexpr int kStripCols = 32, kStripWarps = 32;
 
+// Two blocks of 1024 threads per SM (the most an SM holds: 2048 threads) need <= 32 registers.
 template <class T>
-__global__ void __launch_bounds__(kStripCols * kStripWarps)
+__global__ void __launch_bounds__(kStripCols * kStripWarps, 2)
     bias_gelu_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ bias,
                               T* __restrict__ grad_x, T* __restrict__ grad_bias, int64_t rows, int64_t cols) {
   // TODO(cuda_kernels-14): Two results in one pass over grad_y and x: grad_x element-wise
