@@ -8,20 +8,33 @@
 #      kReference holds the reference ratios: update it from these numbers);
 #   2. that the untouched starter fails every graded test;
 #   3. with --holes: that emptying each TODO fails exactly its rubric's tests (16 runs of the suite);
+#      with --grade: scripts/grade --code solution (the partial points as the grader scores them;
+#      reconfigures BUILD_DIR with AMPLAB_GRADING=ON and builds the student variant: a few minutes);
 #   4. the lab binary: every part's table, the plots and the filtered images in its run directory.
-# Usage: bash labs/cuda_kernels/gpu-check.sh [--holes] [BUILD_DIR]   (exit 1 when a check failed)
+# Usage: bash labs/cuda_kernels/gpu-check.sh [--holes] [--grade] [BUILD_DIR]   (exit 1 when a check failed)
+# In a student hand-out (no solution/) it runs the starter's tests: your code.
 set -uo pipefail
 holes=0
-if [ "${1:-}" = "--holes" ]; then holes=1; shift; fi
+grade=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --holes) holes=1 ;;
+    --grade) grade=1 ;;
+    *) break ;;
+  esac
+  shift
+done
 build=${1:-build-gpu}
+tests="$build/bin/cuda_kernels_test_solution"
+[ -x "$tests" ] || tests="$build/bin/cuda_kernels_test_starter"  # a hand-out builds the starter only
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 status=0
 say() { printf '\n=== %s ===\n' "$*"; }
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader || true
 
-say "1. graded tests on the solution ($build/bin/cuda_kernels_test_solution)"
-"$build/bin/cuda_kernels_test_solution" --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1 || status=1
+say "1. graded tests ($tests)"
+"$tests" --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1 || status=1
 sed -n '/Global test environment tear-down/,$p' "$out/tests.log" | tail -n +2 | head -40
 grep -B1 -A12 -E '^[^ ]+:[0-9]+: Failure' "$out/tests.log" | head -80
 python3 - "$out/tests.json" <<'PY'
@@ -34,14 +47,27 @@ for suite in json.load(open(sys.argv[1]))["testsuites"]:
 PY
 grep -E '^(float4 add|warp shuffles|tiled|register-blocked|forward \+ backward)' "$out/tests.log"
 
-say "2. the untouched starter fails every graded test"
-python3 scripts/check-starter-fails.py "$build/bin/cuda_kernels_test_starter" | tail -3 || status=1
+if [ -d solution ]; then
+  say "2. the untouched starter fails every graded test"
+  python3 scripts/check-starter-fails.py "$build/bin/cuda_kernels_test_starter" | tail -3 || status=1
+fi
 
 if [ "$holes" = 1 ]; then
   say "3. rubric holes"
   if python3 -c 'import yaml' 2>/dev/null; then
     python3 scripts/check-rubric-holes.py --lab cuda_kernels --solution "$build/bin/cuda_kernels_test_solution" \
       --holes "$build/bin/cuda_kernels_test_holes" --repeat 1 | grep -v '^  skipped' || status=1
+  else
+    echo "skipped: python3 has no PyYAML here"
+  fi
+fi
+
+if [ "$grade" = 1 ]; then
+  say "3b. scripts/grade --code solution"
+  if python3 -c 'import yaml' 2>/dev/null; then
+    python3 scripts/grade --code solution --lab cuda_kernels --build "$build" --out "$out/grade" 2>&1 |
+      grep -E 'Speed|Beats|TOTAL|NEEDS|FAIL|error'  # a partial test's share shows beside it
+    rm -rf "$out/grade/logs" "$out/grade/junit.xml" "$out/grade/results.json"
   else
     echo "skipped: python3 has no PyYAML here"
   fi
