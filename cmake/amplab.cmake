@@ -53,6 +53,31 @@ else()
   message(FATAL_ERROR "AMPLAB_VARIANT='${AMPLAB_VARIANT}': allowed values are starter, solution, both")
 endif()
 list(GET AMPLAB_VARIANTS 0 AMPLAB_PRIMARY_VARIANT)
+# The variant of a lab that binaries link when that lab is not the one built or graded: the
+# instructor's reference where there is one, else (a hand-out) the student's own code.
+if(AMPLAB_VARIANT STREQUAL "starter")
+  set(AMPLAB_REFERENCE_VARIANT starter)
+else()
+  set(AMPLAB_REFERENCE_VARIANT solution)
+endif()
+# The labs whose mechanisms the core's trainer runs (apps/common/mechanisms.cpp).
+set(AMPLAB_MECHANISM_LABS amp_training memory_optimization)
+
+# amplab_link_mechanisms(<target> [<lab> <variant>]): links the trainer's mechanisms into
+# <target>: the reference variant of every mechanism lab, except <lab>, whose <variant> it takes
+# (the lab a binary is built or graded for).
+function(amplab_link_mechanisms target)
+  set(_own_lab "${ARGV1}")
+  set(_own_variant "${ARGV2}")
+  target_link_libraries(${target} PRIVATE amplab_mechanisms)
+  foreach(mechanism_lab IN LISTS AMPLAB_MECHANISM_LABS)
+    if(mechanism_lab STREQUAL _own_lab)
+      target_link_libraries(${target} PRIVATE amplab_${mechanism_lab}_${_own_variant})
+    else()
+      target_link_libraries(${target} PRIVATE amplab_${mechanism_lab}_${AMPLAB_REFERENCE_VARIANT})
+    endif()
+  endforeach()
+endfunction()
 
 # Variants beside those, built from generated or copied sources (their binaries get a suffix):
 #  holes   (instructor builds) the solution with each TODO's holes switchable to AMPLAB_TODO at
@@ -118,7 +143,7 @@ function(amplab_add_lab lab)
   file(GLOB _app_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/apps/${lab}/*.cpp)
   if(_app_srcs)
     add_library(amplab_${lab}_app OBJECT ${_app_srcs})
-    target_include_directories(amplab_${lab}_app PRIVATE ${PROJECT_SOURCE_DIR}/labs/${lab})
+    target_include_directories(amplab_${lab}_app PRIVATE ${PROJECT_SOURCE_DIR}/labs/${lab} ${PROJECT_SOURCE_DIR}/apps/common)
     amplab_torch_target(amplab_${lab}_app)
     foreach(variant IN LISTS AMPLAB_VARIANTS AMPLAB_EXTRA_VARIANTS)
       if(variant STREQUAL AMPLAB_PRIMARY_VARIANT)
@@ -131,6 +156,7 @@ function(amplab_add_lab lab)
         set_target_properties(${_exe} PROPERTIES EXCLUDE_FROM_ALL ON)  # built by scripts/grade
       endif()
       target_link_libraries(${_exe} PRIVATE amplab_${lab}_${variant} amplab::core)
+      amplab_link_mechanisms(${_exe} ${lab} ${variant})
     endforeach()
   endif()
 endfunction()

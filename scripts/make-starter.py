@@ -55,6 +55,8 @@ def starter_text(source: str, name: str) -> str:
             continue
         todo = TODO.match(line)
         if todo:
+            if todo_id is not None:
+                raise FenceError(f"{name}:{number}: TODO({todo_id}) above has no BEGIN SOLUTION fence before this TODO")
             todo_id = todo.group(1)
         begin = BEGIN.match(line) or BEGIN_DEVICE.match(line)
         if begin:
@@ -66,11 +68,11 @@ def starter_text(source: str, name: str) -> str:
             continue
         if END.match(line):
             raise FenceError(f"{name}:{number}: END SOLUTION without BEGIN SOLUTION")
-        if not line.strip().startswith("//"):
-            todo_id = None  # a TODO comment only applies to the fence right below it
-        out.append(line)
+        out.append(line)  # a TODO comment applies to the next fence (above a function: the one in its body)
     if inside:
         raise FenceError(f"{name}: BEGIN SOLUTION is never closed")
+    if todo_id is not None:
+        raise FenceError(f"{name}: TODO({todo_id}) has no BEGIN SOLUTION fence below it")
     return HEADER + "".join(out)
 
 
@@ -105,8 +107,6 @@ def holes_text(source: str, name: str) -> str:
             out.append(f'{begin.group(1)}if (amplab_hole_stubbed("{todo_id}")) AMPLAB_TODO("{todo_id}");\n')
             todo_id = None
             continue
-        if not line.strip().startswith("//"):
-            todo_id = None
         out.append(line)
     return HOLES_HEADER.format(name=name) + "".join(out)
 

@@ -1,4 +1,5 @@
-// Lab 2, AMP training: the same models trained with your train_step in fp32, tf32, fp16-mixed and
+// Lab 2, AMP training: the same models trained with your GradScaler and train_step (through the
+// core's trainer, which is handed them) in fp32, tf32, fp16-mixed and
 // bf16-mixed; time per step, throughput, TFLOP/s against the measured matmul peak, memory and
 // final loss side by side; then why fp16 needs loss scaling (gradient underflow) and what the
 // scaler does when a step overflows.
@@ -14,6 +15,7 @@
 #include <optional>
 
 #include "amp_training.hpp"
+#include "mechanisms.hpp"
 #include "amplab/app.hpp"
 #include "amplab/device.hpp"
 #include "amplab/log.hpp"
@@ -295,6 +297,64 @@ Workload make_workload(const std::string& name, const AmpLabConfig& lab, torch::
   return w;
 }
 
+// ---- Measuring ----------------------------------------------------------------------------------
+
+// Speed and memory of one precision.
+struct StepStats {
+  amplab::Summary step_ms;  // milliseconds per step: one sample per timed window (window time / steps)
+  double peak_mib = 0;      // peak memory from warm-up to the end (GPU: allocated by tensors; CPU: process RSS)
+  double final_loss = NAN;  // loss of the last step
+};
+
+// `warmup` untimed steps, then `repeats` windows of `window` steps queued back to back as a
+// training loop runs them (no host sync inside a window), each window timed as a whole.
+StepStats measure_steps(const std::function<torch::Tensor()>& step, torch::Device device, int warmup, int repeats,
+                        int window) {
+  StepStats stats;
+  amplab::reset_peak_memory(device);
+  torch::Tensor loss;
+  for (int i = 0; i < warmup; ++i) loss = step();
+  amplab::synchronize(device);
+  stats.step_ms = amplab::summarize(amplab::time_back_to_back([&] { loss = step(); }, device, window, repeats));
+  stats.peak_mib = static_cast<double>(amplab::read_memory(device).peak_allocated) / (1 << 20);
+  stats.final_loss = loss.item<double>();  // one host sync, at the end
+  return stats;
+}
+
+// One row of the comparison: a model trained in one precision.
+struct PrecisionResult {
+  std::string model;  // "mlp" or "cnn"
+  Precision precision = Precision::fp32;
+  bool loss_scaling = false;  // the GradScaler was enabled
+  bool ran = false;
+  std::string skipped_because;  // why it did not run ("" when it ran)
+  StepStats stats;
+  double samples_per_second = 0;
+  double tflops = 0;           // achieved TFLOP/s (0 where the FLOPs are not counted)
+  double peak_fraction = 0;    // tflops / the measured matmul peak
+  double speedup_vs_fp32 = 0;  // fp32's median ms / this median ms (0: no fp32 to compare)
+  double memory_vs_fp32 = 0;   // this peak / fp32's peak (0: no fp32 to compare)
+  std::string label() const {  // "bf16-mixed", "fp16-mixed (no scaler)"
+    std::string name = amplab::to_string(precision);
+    if (amplab::needs_loss_scaling(precision) && !loss_scaling) name += " (no scaler)";
+    if (!amplab::needs_loss_scaling(precision) && loss_scaling) name += " (scaler)";
+    return name;
+  }
+};
+
+// Speed-up and memory of every result against the fp32 result of the same model (0: none ran).
+void compare_to_fp32(std::vector<PrecisionResult>& results) {
+  for (auto& r : results) {
+    if (!r.ran) continue;
+    for (const auto& base : results) {
+      if (!base.ran || base.model != r.model || base.precision != Precision::fp32) continue;
+      if (r.stats.step_ms.median > 0) r.speedup_vs_fp32 = base.stats.step_ms.median / r.stats.step_ms.median;
+      if (base.stats.peak_mib > 0) r.memory_vs_fp32 = r.stats.peak_mib / base.stats.peak_mib;
+      break;
+    }
+  }
+}
+
 // ---- Measurements -------------------------------------------------------------------------------
 
 // Throughput of a bf16 n x n x n matmul (TFLOP/s, median over windows): the ceiling the MLP's
@@ -303,14 +363,15 @@ double matmul_peak_tflops(torch::Device device, int64_t n, int warmup, int repea
   torch::NoGradGuard no_grad;
   auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
   torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options), c = torch::empty({n, n}, options);
-  auto ms = amplab::time_repeats([&] { for (int i = 0; i < window; ++i) at::mm_out(c, a, b); }, device, warmup, repeats);
-  double per_matmul = amplab::summarize(ms).median / window;
+  for (int i = 0; i < warmup; ++i) at::mm_out(c, a, b);
+  auto ms = amplab::time_back_to_back([&] { at::mm_out(c, a, b); }, device, window, repeats);  // ms per matmul
+  double per_matmul = amplab::summarize(ms).median;
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / (per_matmul * 1e9);
 }
 
-amp_training::PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler, const AmpConfig& config,
+PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler, const AmpConfig& config,
                                             torch::Device device, double peak_tflops) {
-  amp_training::PrecisionResult r;
+  PrecisionResult r;
   r.model = w.name;
   r.precision = precision;
   r.loss_scaling = with_scaler && amplab::needs_loss_scaling(precision);
@@ -329,10 +390,12 @@ amp_training::PrecisionResult run_precision(Workload& w, Precision precision, bo
   const auto& bench = config.amp.bench;
   bool cpu = !device.is_cuda();
   {
-    amp_training::AmpTraining training(w.model, w.loss_fn, train, device);
-    r.loss_scaling = training.scaler.is_enabled();
+    amplab::MemoryConfig untracked;  // the step alone: no per-phase readings
+    untracked.track = false;
+    amplab::Trainer trainer(w.model, w.loss_fn, train, device, amplab::course_mechanisms(), untracked);
+    r.loss_scaling = trainer.scaler().is_enabled();
     amplab::log::info("timing " + w.name + " " + r.label());
-    r.stats = amp_training::measure_steps([&] { return amp_training::train_step(training, w.batch).loss; }, device,
+    r.stats = measure_steps([&] { return trainer.step(w.batch).loss; }, device,
                                           cpu ? bench.cpu_warmup : bench.warmup, cpu ? bench.cpu_repeats : bench.repeats,
                                           cpu ? bench.cpu_window : bench.window);
   }  // optimizer state and the scaler go before the next precision is measured
@@ -370,25 +433,7 @@ struct UnderflowRow {
   double bf16 = 0;            // ... in bf16 (no scaling)
 };
 
-// Gradients of loss * multiplier, computed under autocast to `dtype` (nullopt: plain fp32) with
-// the loss scaled by `scale` for backward and the gradients divided by it afterwards.
-std::vector<torch::Tensor> gradients(DeepNarrow& net, const amplab::Batch& batch, std::optional<torch::ScalarType> dtype,
-                                     double multiplier, double scale, torch::Device device) {
-  net->zero_grad(/*set_to_none=*/true);
-  torch::Tensor loss;
-  {
-    // Disabled for the fp32 reference; the dtype left as it is (CUDA autocast knows no float32).
-    amplab::AutocastGuard autocast(device.type(), dtype.value_or(at::autocast::get_autocast_dtype(device.type())),
-                                   /*enabled=*/dtype.has_value());
-    loss = torch::nn::functional::cross_entropy(net->forward(batch.input), batch.target) * multiplier;
-  }
-  (loss * scale).backward();
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (auto& p : net->parameters()) grads.push_back(p.grad().detach() / scale);
-  return grads;
-}
-
+// The underflow table, with your gradients_under and flushed_share (TODO amp_training-8).
 std::vector<UnderflowRow> underflow_report(const UnderflowConfig& c, double scale, torch::Device device, uint64_t seed) {
   torch::manual_seed(seed);
   DeepNarrow net(c.depth, c.width);
@@ -398,25 +443,20 @@ std::vector<UnderflowRow> underflow_report(const UnderflowConfig& c, double scal
   std::vector<UnderflowRow> rows;
   for (int64_t e : c.loss_exponents) {
     double multiplier = std::pow(10.0, static_cast<double>(e));
-    auto reference = gradients(net, batch, std::nullopt, multiplier, 1.0, device);
-    auto flushed = [&](const std::vector<torch::Tensor>& grads) {
-      torch::NoGradGuard no_grad;
-      int64_t lost = 0, nonzero = 0;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        auto alive = reference[i] != 0;
-        nonzero += alive.sum().item<int64_t>();
-        lost += (alive & (grads[i] == 0)).sum().item<int64_t>();
-      }
-      return std::make_pair(lost, nonzero);
+    amplab::LossFn loss_fn = [&](const amplab::Batch& b) {
+      return torch::nn::functional::cross_entropy(net->forward(b.input), b.target) * multiplier;
     };
+    auto reference = amp_training::gradients_under(*net, loss_fn, batch, std::nullopt, 1.0, device);
     UnderflowRow row;
     row.exponent = e;
-    auto [lost16, nonzero] = flushed(gradients(net, batch, torch::kHalf, multiplier, 1.0, device));
-    row.nonzero = nonzero;
-    auto ratio = [&](int64_t lost) { return nonzero > 0 ? static_cast<double>(lost) / static_cast<double>(nonzero) : 0.0; };
-    row.fp16_unscaled = ratio(lost16);
-    row.fp16_scaled = ratio(flushed(gradients(net, batch, torch::kHalf, multiplier, scale, device)).first);
-    row.bf16 = ratio(flushed(gradients(net, batch, torch::kBFloat16, multiplier, 1.0, device)).first);
+    for (const auto& g : reference) row.nonzero += (g != 0).sum().item<int64_t>();
+    auto lost = [&](torch::ScalarType dtype, double loss_scale) {
+      return amp_training::flushed_share(reference,
+                                         amp_training::gradients_under(*net, loss_fn, batch, dtype, loss_scale, device));
+    };
+    row.fp16_unscaled = lost(torch::kHalf, 1.0);
+    row.fp16_scaled = lost(torch::kHalf, scale);
+    row.bf16 = lost(torch::kBFloat16, 1.0);
     rows.push_back(row);
   }
   return rows;
@@ -451,23 +491,23 @@ std::vector<TraceRow> overflow_trace(const OverflowConfig& c, const StepSettings
   train.optimizer = settings.optimizer;
   train.grad_scaler = settings.grad_scaler;
   train.grad_scaler.growth_interval = c.growth_interval;
-  amp_training::AmpTraining training(net, loss_fn, train, device);
+  amplab::Trainer training(net, loss_fn, train, device, amplab::course_mechanisms());
+  const auto parameters = training.parameters();
   std::vector<TraceRow> rows;
   for (int64_t step = 0; step < c.steps; ++step) {
     TraceRow row;
     row.step = step;
     row.overflow = std::find(c.overflow_at.begin(), c.overflow_at.end(), step) != c.overflow_at.end();
     overflow = row.overflow;
-    row.scale_before = training.scaler.get_scale();
+    row.scale_before = training.scaler().get_scale();
     std::vector<torch::Tensor> before;
-    for (const auto& p : training.parameters) before.push_back(p.detach().clone());
-    auto result = amp_training::train_step(training, batch);
+    for (const auto& p : parameters) before.push_back(p.detach().clone());
+    auto result = training.step(batch);
     row.skipped = result.skipped.defined() && result.skipped.item<double>() > 0;
-    row.scale_after = training.scaler.get_scale();
-    row.growth_tracker = training.scaler.growth_tracker();
+    row.scale_after = training.scaler().get_scale();
+    row.growth_tracker = training.scaler().growth_tracker();
     double squares = 0;
-    for (size_t i = 0; i < before.size(); ++i)
-      squares += (training.parameters[i].detach() - before[i]).pow(2).sum().item<double>();
+    for (size_t i = 0; i < before.size(); ++i) squares += (parameters[i].detach() - before[i]).pow(2).sum().item<double>();
     row.update_norm = std::sqrt(squares);
     rows.push_back(row);
   }
@@ -476,7 +516,7 @@ std::vector<TraceRow> overflow_trace(const OverflowConfig& c, const StepSettings
 
 std::string percent(double fraction, int decimals = 1) { return amplab::fixed(100.0 * fraction, decimals) + "%"; }
 
-nlohmann::json to_json(const amp_training::PrecisionResult& r) {
+nlohmann::json to_json(const PrecisionResult& r) {
   return {{"model", r.model},
           {"precision", amplab::to_string(r.precision)},
           {"loss_scaling", r.loss_scaling},
@@ -525,7 +565,7 @@ int main(int argc, char** argv) {
     std::cout << std::flush;
 
     // 2. The same models in every precision, with your train_step.
-    std::vector<amp_training::PrecisionResult> results;
+    std::vector<PrecisionResult> results;
     nlohmann::json shapes;
     for (const auto& model_name : lab.models) {
       Workload w = make_workload(model_name, lab, device, seed);
@@ -538,7 +578,7 @@ int main(int argc, char** argv) {
           results.push_back(run_precision(w, precision, /*with_scaler=*/false, config, device, peak));
       }
     }
-    amp_training::compare_to_fp32(results);
+    compare_to_fp32(results);
     // The peak again, now that the GPU has run for a while at its working clocks: the best of the
     // two is the ceiling (timed cold, it once put the MLP at 108-114% of it).
     double peak_after = matmul_peak_tflops(device, peak_n, cpu ? 1 : lab.bench.warmup, cpu ? 3 : lab.bench.repeats,

@@ -23,6 +23,7 @@
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
 #include "ddp_lab.hpp"
+#include "mechanisms.hpp"
 
 namespace {
 
@@ -99,9 +100,9 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   auto test_labels = data.test.labels.to(setup.device);
 
   amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); },
-                          config.train, setup.device);
+                          config.train, setup.device, amplab::course_mechanisms());
   amplab::dist::DdpGradientSync sync(*ddp);
-  amplab::dist::attach(trainer, sync, setup.comm);
+  amplab::dist::attach(trainer, sync);
   amplab::TensorBatches batches(images, labels,
                                 ddp_lab::make_sampler(images.size(0), config.train.batch_size,
                                                       static_cast<uint64_t>(config.run.seed), world),
@@ -318,24 +319,32 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
       return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
     };
-    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, memory);
+    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory);
     std::unique_ptr<amplab::dist::DdpGradientSync> sync;
     if (ddp) {
       sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);
-      amplab::dist::attach(trainer, *sync, setup.comm);
+      amplab::dist::attach(trainer, *sync);
     }
     PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps));
     trainer.set_gradient_sync(&phases);
     amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
     auto step = [&] {
       phases.start_step();
-      trainer.step(1, [&](int64_t) { return batch; });
+      trainer.step(batch);
       phases.end_step();
     };
     setup.comm->barrier();
     amplab::log::info("bench: " + setting.name + ": timing each step");
     monitor.start();
-    auto times = amplab::time_repeats(step, setup.device, b.warmup, b.steps);
+    for (int i = 0; i < b.warmup; ++i) step();
+    amplab::synchronize(setup.device);
+    std::vector<double> times;  // ms of each step, timed by itself
+    amplab::DeviceTimer timer(setup.device);
+    for (int i = 0; i < b.steps; ++i) {
+      timer.start();
+      step();
+      times.push_back(timer.stop_ms());
+    }
     auto gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians();

@@ -29,6 +29,7 @@
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
 #include "amplab/trainer.hpp"
+#include "mechanisms.hpp"
 #include "memory_optimization.hpp"
 
 namespace {
@@ -294,11 +295,11 @@ mo::Measurement run_setting(Lab& lab, Precision precision, int64_t every, int64_
   {
     amplab::MemoryConfig untracked;
     untracked.track = false;  // the tracker resets peaks per phase: it would spoil the step's peak
-    amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device, untracked);
+    amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device, amplab::course_mechanisms(), untracked);
     amplab::Batch data;
     m = mo::measure([&] {
       if (!data.input.defined()) data = mo::make_batch(batch, lab.teacher, lab.device);  // inside: it may not fit either
-      trainer.step(1, [&](int64_t) { return data; });
+      trainer.step(data);
     }, lab.device, lab.warmup(), lab.steps());
   }
   lab.model->zero_grad(/*set_to_none=*/true);
@@ -400,10 +401,10 @@ FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
   lab.reset(0);
   amplab::MemoryConfig untracked;
   untracked.track = false;
-  amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device, untracked);
+  amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device, amplab::course_mechanisms(), untracked);
   amplab::BatchStep step = [&](int64_t batch) {
     amplab::Batch data = mo::make_batch(batch, lab.teacher, lab.device);
-    trainer.step(1, [&](int64_t) { return data; });
+    trainer.step(data);
   };
   auto fits = lab.simulated_fits(precision, 0);
   amplab::log::info("finder: " + amplab::to_string(precision));
@@ -509,10 +510,10 @@ struct Curve {
 Curve train_curve(Lab& lab, Precision precision, int64_t effective, int64_t micro, int64_t steps) {
   lab.reset(0);
   Curve curve;
-  auto parameters = lab.model->parameters();
-  auto optimizer = amplab::make_optimizer(parameters, lab.config.train.optimizer);
-  amplab::Tf32Guard tf32(precision == Precision::tf32);
-  auto loss_fn = lab.loss_fn();
+  amplab::MemoryConfig untracked;
+  untracked.track = false;
+  amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device,
+                          amplab::course_mechanisms(), untracked);
   std::vector<torch::Tensor> losses;
   amplab::free_cached_memory(lab.device);
   amplab::reset_peak_memory(lab.device);
@@ -521,9 +522,7 @@ Curve train_curve(Lab& lab, Precision precision, int64_t effective, int64_t micr
   for (int64_t s = 0; s < steps; ++s) {
     torch::manual_seed(static_cast<uint64_t>(lab.config.run.seed) + 1000 + static_cast<uint64_t>(s));  // same data in both runs
     amplab::Batch batch = mo::make_batch(effective, lab.teacher, lab.device);
-    losses.push_back(mo::accumulate_gradients(loss_fn, batch, micro, lab.device, precision));
-    optimizer->step();
-    optimizer->zero_grad(/*set_to_none=*/true);
+    losses.push_back(trainer.step(mo::split_batch(batch, micro)).loss);  // your accumulate_gradients when micro < effective
   }
   amplab::synchronize(lab.device);
   curve.seconds = clock.seconds();
@@ -724,11 +723,11 @@ nlohmann::json timeline(Lab& lab, amplab::RunDir& run) {
     lab.reset(every);
     amplab::MemoryConfig tracked;  // per-phase peaks and a timeline
     {
-      amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(c.precision), lab.device, tracked);
+      amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(c.precision), lab.device, amplab::course_mechanisms(), tracked);
       lab.model->set_probe([&trainer] { trainer.memory().sample(); });  // after each block, forward and backward
       amplab::Batch data = mo::make_batch(batch, lab.teacher, lab.device);
       amplab::free_cached_memory(lab.device);
-      for (int step = 0; step < 2; ++step) trainer.step(1, [&](int64_t) { return data; });  // step 1: optimizer state exists
+      for (int step = 0; step < 2; ++step) trainer.step(data);  // step 1: optimizer state exists
       lab.model->set_probe({});
       int sample = 0;
       std::map<std::string, double> phase_peak;

@@ -16,6 +16,7 @@
 #include "amplab/run_dir.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/table.hpp"
+#include "mechanisms.hpp"
 #include "mnist.hpp"
 
 namespace {
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
       mnist::ResidentSplit test = mnist::make_resident(data.test, device, channels_last);
 
       amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config,
-                              device, config.memory);
+                              device, amplab::course_mechanisms(), config.memory);
       amplab::TensorBatches batches(
           train.images, train.labels,
           amplab::EpochSampler(train.size(), train_config.batch_size, static_cast<uint64_t>(config.run.seed), true,

@@ -1,8 +1,9 @@
-// Lab 2, AMP training: the functions you implement (starter/amp_training/amp_training.cpp).
-// You write the mixed-precision training step yourself with the core's autocast guard and
-// GradScaler; the lab binary (apps/amp_training) trains the same models with it in fp32, tf32,
-// fp16-mixed and bf16-mixed and measures what each buys; tests/labs/amp_training_test.cpp
-// grades your functions.
+// Lab 2, AMP training: the functions you implement (starter/amp_training/*.cpp). You write the
+// GradScaler (grad_scaler.hpp) and the mixed-precision training step; the core's trainer runs
+// them in every lab (amplab::StepMechanisms: the MNIST lab trains with your step), and the lab
+// binary (apps/amp_training) trains the same models with them in fp32, tf32, fp16-mixed and
+// bf16-mixed, measures what each buys and why fp16 needs the scaler; tests/labs/
+// amp_training_test.cpp grades them.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,87 +11,38 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/grad_scaler.hpp"
+#include "amplab/loss_scaler.hpp"
 #include "amplab/precision.hpp"
-#include "amplab/timing.hpp"
-#include "amplab/trainer.hpp"  // TrainConfig, Batch, LossFn, StepResult, make_optimizer
+#include "amplab/trainer.hpp"  // Trainer, TrainConfig, Batch, StepResult
+#include "grad_scaler.hpp"
 
 namespace amp_training {
 
-// TODO(amp_training-2): the loss scaler a precision needs.
-// Enabled when `loss_scaling` is "on", or "auto" and the precision is fp16-mixed (only fp16's
-// narrow exponent range needs it); disabled otherwise, which makes every call on it a
-// pass-through. The other settings (initial scale, growth and backoff) come from `config`.
-// `loss_scaling` other than auto|on|off is an amplab::Error.
-amplab::GradScaler make_grad_scaler(amplab::Precision precision, const std::string& loss_scaling,
-                                    const amplab::GradScalerConfig& config);
+// TODO(amp_training-6): the loss scaler a training config asks for (amplab::StepMechanisms's
+// make_scaler): a GradScaler with config.grad_scaler's settings, enabled when
+// config.loss_scaling is "on", or "auto" and the precision needs it; disabled otherwise.
+std::unique_ptr<amplab::LossScaler> make_loss_scaler(const amplab::TrainConfig& config);
 
-// Given: everything one training step works on, built from the same amplab::TrainConfig as the
-// core's amplab::Trainer (precision, loss_scaling, grad_clip_norm, optimizer, grad_scaler; one
-// batch per step, so batch_size and accumulation_steps play no part here).
-class AmpTraining {
- public:
-  // Throws amplab::Error when the device cannot run the precision or the model is elsewhere.
-  AmpTraining(std::shared_ptr<torch::nn::Module> model, amplab::LossFn loss_fn, const amplab::TrainConfig& config,
-              torch::Device device);
-  AmpTraining(const AmpTraining&) = delete;
-  AmpTraining& operator=(const AmpTraining&) = delete;
+// TODO(amp_training-7): one training step on one batch (StepMechanisms's train_step), and its
+// optimizer half (optimizer_step), which gradient accumulation (lab 3) reuses.
+amplab::StepResult train_step(amplab::Trainer& trainer, const amplab::Batch& batch);
+amplab::StepResult optimizer_step(amplab::Trainer& trainer);
 
-  std::shared_ptr<torch::nn::Module> model;            // parameters stay fp32: autocast casts copies
-  amplab::LossFn loss_fn;                              // forward pass + loss of a batch
-  std::vector<torch::Tensor> parameters;               // model->parameters()
-  std::unique_ptr<torch::optim::Optimizer> optimizer;  // amplab::make_optimizer(config.optimizer)
-  amplab::GradScaler scaler;                           // make_grad_scaler(...) for the precision
-  amplab::Precision precision;
-  double grad_clip_norm;                               // clip the gradients' 2-norm to this (0: off)
-  torch::Device device;
-
- private:
-  amplab::Tf32Guard tf32_;  // TF32 matmuls only for precision tf32, while this object lives
-};
-
-// TODO(amp_training-1), TODO(amp_training-3), TODO(amp_training-4), TODO(amp_training-5):
-// one mixed-precision training step, top to bottom: forward under autocast, backward of the
-// scaled loss, unscale + clip, step (or skip) through the scaler, scale update, zero grads.
-// Returns the unscaled loss (0-dim float32, on the device: no host sync), the gradient norm
-// before clipping (undefined without clipping) and, with loss scaling, `skipped` (0-dim
-// float32, 1 when the step was skipped for inf/NaN gradients).
-amplab::StepResult train_step(AmpTraining& training, const amplab::Batch& batch);
-
-// TODO(amp_training-6): speed and memory of one precision.
-struct StepStats {
-  amplab::Summary step_ms;  // milliseconds per step: one sample per timed window (window time / steps)
-  double peak_mib = 0;      // peak memory from warm-up to the end (GPU: allocated by tensors; CPU: process RSS)
-  double final_loss = NAN;  // loss of the last step
-};
-// Runs `step` `warmup` times untimed, then `repeats` timed windows of `window` steps each, timed
-// as a whole with an amplab::DeviceTimer (CUDA events on a GPU) and divided by `window`. `step`
-// queues one training step and returns its loss as a device tensor; reading it (a host sync)
-// happens once, after the last step.
-StepStats measure_steps(const std::function<torch::Tensor()>& step, torch::Device device, int warmup, int repeats,
-                        int window);
-
-// One row of the comparison: a model trained in one precision.
-struct PrecisionResult {
-  std::string model;                                  // "mlp" or "cnn"
-  amplab::Precision precision = amplab::Precision::fp32;
-  bool loss_scaling = false;                          // the GradScaler was enabled
-  bool ran = false;
-  std::string skipped_because;                        // why it did not run ("" when it ran)
-  StepStats stats;
-  double samples_per_second = 0;
-  double tflops = 0;                                  // achieved TFLOP/s (0 where the FLOPs are not counted)
-  double peak_fraction = 0;                           // tflops / the measured matmul peak
-  double speedup_vs_fp32 = 0;                         // fp32's median ms / this median ms (0: no fp32 to compare)
-  double memory_vs_fp32 = 0;                          // this peak / fp32's peak (0: no fp32 to compare)
-  std::string label() const;                          // "bf16-mixed", "fp16-mixed (no scaler)"
-};
-// Sets speedup_vs_fp32 and memory_vs_fp32 of every result that ran, against the fp32 result of
-// the same model; both stay 0 where that model has no fp32 result that ran.
-void compare_to_fp32(std::vector<PrecisionResult>& results);
+// TODO(amp_training-8): why fp16 needs loss scaling, measured. The gradients of `loss_fn` on
+// `batch`, computed as a mixed-precision step computes them: the forward under autocast to
+// `dtype` (std::nullopt: plain fp32), backward of the loss times `loss_scale`, each gradient then
+// divided by `loss_scale`. One fp32 tensor per parameter, in model.parameters() order; .grad is
+// left cleared.
+std::vector<torch::Tensor> gradients_under(torch::nn::Module& model, const amplab::LossFn& loss_fn,
+                                           const amplab::Batch& batch, std::optional<torch::ScalarType> dtype,
+                                           double loss_scale, torch::Device device);
+// The share (0..1) of the elements that are non-zero in `reference` and zero in `grads` (the same
+// shapes): the gradients that flushed to zero. 0 when `reference` has no non-zero element.
+double flushed_share(const std::vector<torch::Tensor>& reference, const std::vector<torch::Tensor>& grads);
 
 }  // namespace amp_training

@@ -120,14 +120,15 @@ amplab::BatchSearch find_batch_size(const amplab::BatchStep& step, torch::nn::Mo
 
 // ---- TODO 3: gradient accumulation ------------------------------------------------------------
 
-// TODO(memory_optimization-3): the gradients of one big batch, computed in micro-batches of at
-// most `micro_batch` samples (the last may be smaller) and accumulated into the parameters'
-// .grad: the same gradients as loss_fn(batch).backward(), with the activations of one micro-batch
-// alive at a time. `loss_fn` returns the mean loss over the samples it is given and runs under
-// autocast for `precision` (fp32, tf32 or bf16-mixed: fp16 would need the GradScaler). Returns the
-// mean loss over the whole batch (0-dim, detached, on the device). Does not zero .grad first.
-torch::Tensor accumulate_gradients(const amplab::LossFn& loss_fn, const amplab::Batch& batch, int64_t micro_batch,
-                                   torch::Device device, amplab::Precision precision);
+// TODO(memory_optimization-3): gradient accumulation, the trainer's (amplab::StepMechanisms's
+// accumulate_gradients: what runs when train.accumulation_steps > 1). Accumulates into .grad the
+// gradients of all the group's micro-batches together, as one backward of the whole batch's
+// mean loss would, with one micro-batch's activations alive at a time; returns the mean loss
+// over the whole group (0-dim, detached, on the device). Does not zero .grad first.
+torch::Tensor accumulate_gradients(amplab::Trainer& trainer, const amplab::MicroBatches& group);
+
+// Given: `batch` as micro-batches of at most `micro_batch` rows (the last may be smaller).
+amplab::MicroBatches split_batch(const amplab::Batch& batch, int64_t micro_batch);
 
 // ---- TODO 4: activation checkpointing is in DeepMlpImpl::run_blocks ---------------------------
 

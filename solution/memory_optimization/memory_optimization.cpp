@@ -217,37 +217,43 @@ amplab::BatchSearch find_batch_size(const amplab::BatchStep& step, torch::nn::Mo
 
 // ---- TODO 3: gradient accumulation --------------------------------------------------------------
 
-torch::Tensor accumulate_gradients(const amplab::LossFn& loss_fn, const amplab::Batch& batch, int64_t micro_batch,
-                                   torch::Device device, amplab::Precision precision) {
-  if (micro_batch < 1) throw amplab::Error("accumulate_gradients: micro_batch must be at least 1");
-  if (amplab::needs_loss_scaling(precision))
-    throw amplab::Error("accumulate_gradients: fp16-mixed needs the GradScaler; use fp32, tf32 or bf16-mixed here");
-  torch::Tensor total;  // the mean loss over the whole batch, built from the micro-batches
-  // TODO(memory_optimization-3): With n = batch.size(), for start = 0, micro_batch, ... < n: the
-  // micro-batch is batch.input.narrow(0, start, size) and batch.target.narrow(0, start, size)
-  // with size = min(micro_batch, n - start). Its loss comes from loss_fn under an
-  // amplab::AutocastGuard(device, precision) (in a block that closes before backward). Each loss
-  // is a mean over `size` samples, while the big batch's is a mean over n: weight it by
-  // size / n before backward(), so the summed gradients are the big batch's also when the last
-  // micro-batch is smaller. backward() adds into .grad; the activations of a micro-batch are freed
-  // by its backward, before the next one runs. Sum the weighted losses (detached) into `total`.
-  // BEGIN SOLUTION
+amplab::MicroBatches split_batch(const amplab::Batch& batch, int64_t micro_batch) {
+  if (micro_batch < 1) throw amplab::Error("split_batch: micro_batch must be at least 1");
   const int64_t n = batch.size();
-  for (int64_t start = 0; start < n; start += micro_batch) {
-    const int64_t size = std::min(micro_batch, n - start);
-    amplab::Batch micro{batch.input.narrow(0, start, size), batch.target.narrow(0, start, size)};
+  auto rows = [n, micro_batch](int64_t i) { return std::min(micro_batch, n - i * micro_batch); };
+  return {(n + micro_batch - 1) / micro_batch, rows, [batch, micro_batch, rows](int64_t i) {
+            return amplab::Batch{batch.input.narrow(0, i * micro_batch, rows(i)), batch.target.narrow(0, i * micro_batch, rows(i))};
+          }};
+}
+
+// TODO(memory_optimization-3): for each micro-batch in turn: its loss from
+// trainer.forward_loss(micro_batch, last) under an amplab::AutocastGuard for the trainer's device
+// and precision (`last`: whether it is the group's last micro-batch, after whose backward
+// data-parallel training all-reduces), then backward of the loss scaled by the trainer's
+// scaler. Each loss is a mean over its own rows while the group's is a mean over all of them:
+// weight it by rows / total before backward, or a smaller last micro-batch counts as much as a
+// full one. backward() adds into .grad, and frees the micro-batch's activations before the next
+// one runs. Sum the weighted losses (detached) for the result.
+// Pitfall: summing the losses and calling backward once keeps every micro-batch's activations.
+torch::Tensor accumulate_gradients(amplab::Trainer& trainer, const amplab::MicroBatches& group) {
+  // BEGIN SOLUTION
+  int64_t total = 0;
+  for (int64_t i = 0; i < group.count; ++i) total += group.rows(i);
+  torch::Tensor mean_loss;
+  for (int64_t i = 0; i < group.count; ++i) {
+    amplab::Batch micro = group.batch(i);
     torch::Tensor loss;
     {
-      amplab::AutocastGuard autocast(device, precision);
-      loss = loss_fn(micro);
+      amplab::AutocastGuard autocast(trainer.device(), trainer.precision());
+      loss = trainer.forward_loss(micro, /*last_micro_batch=*/i + 1 == group.count);
     }
-    const double weight = static_cast<double>(size) / static_cast<double>(n);
-    (loss * weight).backward();
+    const double weight = static_cast<double>(micro.size()) / static_cast<double>(total);
+    trainer.scaler().scale(loss * weight).backward();
     torch::Tensor part = loss.detach() * weight;
-    total = total.defined() ? total + part : part;
+    mean_loss = mean_loss.defined() ? mean_loss + part : part;
   }
+  return mean_loss;
   // END SOLUTION
-  return total;
 }
 
 // ---- TODO 4: activation checkpointing -----------------------------------------------------------

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "amplab/config.hpp"
-#include "amplab/grad_scaler.hpp"
+#include "amplab/loss_scaler.hpp"
 
 namespace amplab {
 
@@ -57,7 +57,7 @@ struct TrainingPosition {
 struct TrainingState {
   torch::nn::Module& model;
   torch::optim::Optimizer& optimizer;
-  GradScaler& scaler;
+  LossScaler& scaler;
 };
 
 struct CheckpointInfo {

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <ATen/autocast_mode.h>
+
 #include "amplab/error.hpp"
 #include "amplab/fused_optimizer.hpp"
 
@@ -21,6 +23,8 @@ std::string cuda_graph_blocker(Trainer& trainer) {
   const OptimizerConfig& optimizer = trainer.config().optimizer;
   if (trainer.scaler().is_enabled() && !fused)
     return "loss scaling decides on the host unless the optimizer is fused: set train.optimizer.fused=true";
+  if (trainer.scaler().is_enabled() && !trainer.scaler().skips_on_device(trainer.optimizer()))
+    return kScalerOnTheHost;
   if (!fused && optimizer.name != "sgd")
     return optimizer.name + " counts its steps on the host, which a graph cannot replay: use adamw with train.optimizer.fused=true";
   if (!fused && has_schedule(optimizer))
@@ -91,13 +95,12 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
   Trainer& trainer = s.trainer;
   const c10::DeviceIndex device_index = trainer.device().index();
   auto current = c10::cuda::getCurrentCUDAStream(device_index);
-  auto static_batch = [&](int64_t) { return s.static_batch; };
 
   if (!s.static_batch.input.defined()) {
     Batch first = data.batch(index);
     s.static_batch = {first.input.clone(), first.target.clone()};
   } else if (data.batch_rows(index) != s.static_batch.size()) {
-    return trainer.step(1, [&](int64_t) { return data.batch(index); });  // another shape (a ragged batch): eager
+    return trainer.step(data.batch(index));  // another shape (a ragged batch): eager
   } else {
     data.batch_into(index, s.static_batch);
   }
@@ -108,7 +111,7 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
     StepResult r;
     {
       c10::cuda::CUDAStreamGuard guard(s.side_stream);
-      r = copy_of(trainer.step(1, static_batch));
+      r = copy_of(trainer.step(s.static_batch));
     }
     wait_for(current, s.side_stream);
     ++s.calls;
@@ -120,11 +123,14 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
     wait_for(s.side_stream, current);
     {
       c10::cuda::CUDAStreamGuard guard(s.side_stream);
-      trainer.set_autocast_cache(false);  // cached casts must not outlive the capture's memory
+      // Autocast's cached casts must not outlive the capture's memory: off while capturing (the
+      // step's AutocastGuard keeps the setting it finds).
+      const bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
       s.graph->capture_begin();
-      s.static_result = trainer.step(1, static_batch);
+      s.static_result = trainer.step(s.static_batch);
       s.graph->capture_end();
-      trainer.set_autocast_cache(true);
+      at::autocast::set_autocast_cache_enabled(cache);
     }
     wait_for(current, s.side_stream);
     trainer.set_global_step(trainer.global_step() - 1);  // capturing ran nothing; the replay below does

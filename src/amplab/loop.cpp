@@ -323,7 +323,12 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
 
   DivergenceGuard divergence{config.divergence_patience};
   std::unique_ptr<GraphedTrainStep> graphed;
-  if (config.cuda_graph) graphed = std::make_unique<GraphedTrainStep>(trainer);
+  if (config.cuda_graph) {
+    if (cuda_graph_blocker(trainer) == kScalerOnTheHost)
+      log::warn("train.cuda_graph: " + std::string(kScalerOnTheHost) + "; running the step eagerly");
+    else
+      graphed = std::make_unique<GraphedTrainStep>(trainer);
+  }
   const std::string tag_prefix = options.tag.empty() ? "" : "[" + options.tag + "] ";
   const int64_t accumulation = config.accumulation_steps;
 
@@ -413,7 +418,8 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
           set_learning_rate(trainer.optimizer(), scheduled_lr(config.optimizer, trainer.global_step(), run_steps));
         try {
           step = graphed ? graphed->step(data, next)
-                         : trainer.step(group, [&](int64_t i) { return data.batch(next + i); });
+                         : trainer.step(MicroBatches{group, [&](int64_t i) { return data.batch_rows(next + i); },
+                                                     [&](int64_t i) { return data.batch(next + i); }});
         } catch (const c10::OutOfMemoryError& e) {
           Phase phase = trainer.current_phase();
           result.status = FitStatus::out_of_memory;

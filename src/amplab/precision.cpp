@@ -67,10 +67,10 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype,
   at::autocast::set_autocast_cache_enabled(cache_enabled);
 }
 
-AutocastGuard::AutocastGuard(c10::Device device, Precision precision, bool cache_enabled)
+AutocastGuard::AutocastGuard(c10::Device device, Precision precision)
     : AutocastGuard(device.type(), is_mixed(precision) ? autocast_dtype(precision)
                                                        : at::autocast::get_autocast_dtype(device.type()),
-                    is_mixed(precision), cache_enabled) {}
+                    is_mixed(precision), at::autocast::is_autocast_cache_enabled()) {}
 
 AutocastGuard::~AutocastGuard() {
   // Cached casts of weights are only valid inside the outermost autocast region.

@@ -43,8 +43,9 @@ bool is_supported(Precision precision, c10::Device device, std::string* why = nu
 class AutocastGuard {
  public:
   AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true, bool cache_enabled = true);
-  // Enabled for fp16-mixed/bf16-mixed on device.type(), a no-op guard for fp32/tf32.
-  AutocastGuard(c10::Device device, Precision precision, bool cache_enabled = true);
+  // Enabled for fp16-mixed/bf16-mixed on device.type(), a no-op guard for fp32/tf32. The cast
+  // cache keeps its current setting (on by default; off while a CUDA graph is captured).
+  AutocastGuard(c10::Device device, Precision precision);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -93,19 +93,5 @@ std::vector<double> time_back_to_back(const std::function<void()>& work, torch::
   return per_run;
 }
 
-std::vector<double> time_repeats(const std::function<void()>& work, torch::Device device, int warmup,
-                                 int repeats) {
-  for (int i = 0; i < warmup; ++i) work();
-  synchronize(device);
-  std::vector<double> times;
-  times.reserve(static_cast<size_t>(std::max(repeats, 0)));
-  DeviceTimer timer(device);
-  for (int i = 0; i < repeats; ++i) {
-    timer.start();
-    work();
-    times.push_back(timer.stop_ms());
-  }
-  return times;
-}
 
 }  // namespace amplab

@@ -73,9 +73,6 @@ class DeviceTimer {
   DeviceMarks marks_;
 };
 
-// Runs `work` `warmup` times untimed, then `repeats` times timed one by one; milliseconds each.
-std::vector<double> time_repeats(const std::function<void()>& work, torch::Device device, int warmup,
-                                 int repeats);
 // Runs `work` `repeats` times back to back, without waiting for the device between them (as a
 // training loop does), `windows` times; the milliseconds per run of each window.
 std::vector<double> time_back_to_back(const std::function<void()>& work, torch::Device device, int repeats,

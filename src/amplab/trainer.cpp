@@ -8,7 +8,6 @@
 #include "amplab/error.hpp"
 #include "amplab/fused_adamw.hpp"
 #include "amplab/fused_sgd.hpp"
-#include "amplab/grad_clip.hpp"
 
 namespace amplab {
 
@@ -52,28 +51,24 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-namespace {
-GradScalerConfig scaler_config_for(const TrainConfig& config) {
-  GradScalerConfig scaler = config.grad_scaler;
-  // auto: fp16 only; bf16 and fp32 have fp32's exponent range, so the scaler is a pass-through.
-  scaler.enabled = config.loss_scaling == "on" || (config.loss_scaling == "auto" && needs_loss_scaling(config.precision));
-  return scaler;
-}
-}  // namespace
-
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config,
-                 torch::Device device, const MemoryConfig& memory)
+                 torch::Device device, const StepMechanisms& mechanisms, const MemoryConfig& memory)
     : model_(std::move(model)),
       loss_fn_(std::move(loss_fn)),
       config_(config),
       device_(device),
-      scaler_(scaler_config_for(config)),
+      mechanisms_(mechanisms),
       memory_(device, memory),
       tf32_(config.precision == Precision::tf32) {
+  if (!mechanisms_.make_scaler || !mechanisms_.train_step || !mechanisms_.optimizer_step ||
+      !mechanisms_.accumulate_gradients)
+    throw Error("Trainer: every StepMechanisms function must be given (apps/common/mechanisms.hpp gathers them)");
   check_supported(config_.precision, device_);
   check_on_device(*model_, device_);
   parameters_ = model_->parameters();
   optimizer_ = make_optimizer(parameters_, config_.optimizer);
+  scaler_ = mechanisms_.make_scaler(config_);
+  if (!scaler_) throw Error("Trainer: the loss-scaler factory returned nothing");
 }
 
 bool Trainer::steps_each_bucket() {
@@ -82,7 +77,7 @@ bool Trainer::steps_each_bucket() {
     for (const auto& group : optimizer_->param_groups())
       for (const auto& p : group.params())
         if (p.requires_grad()) trained.push_back(p);
-    step_each_bucket_ = dynamic_cast<FusedOptimizer*>(optimizer_.get()) != nullptr && !scaler_.is_enabled() &&
+    step_each_bucket_ = dynamic_cast<FusedOptimizer*>(optimizer_.get()) != nullptr && !scaler_->is_enabled() &&
                         config_.grad_clip_norm <= 0 && sync_->can_step_each_bucket(trained);
   }
   return *step_each_bucket_;
@@ -93,56 +88,53 @@ void Trainer::enter(Phase phase) {
   memory_.begin(phase);
 }
 
-// ---- The training step --------------------------------------------------------------------
-StepResult Trainer::step(int64_t group_size, const std::function<Batch(int64_t)>& micro_batch) {
-  StepResult result;
-  torch::Tensor loss_sum;
-  for (int64_t i = 0; i < group_size; ++i) {
-    const bool last = i + 1 == group_size;
-    Batch batch = micro_batch(i);
-    result.samples += batch.size();
-    if (sync_) sync_->before_forward();
+torch::Tensor Trainer::forward_loss(const Batch& batch, bool last_micro_batch) {
+  if (sync_) sync_->before_forward();
+  enter(Phase::forward);
+  torch::Tensor loss = loss_fn_(batch);
+  enter(Phase::backward);
+  if (sync_) sync_->before_backward(loss, /*reduce_after_this=*/last_micro_batch);
+  return loss;
+}
 
-    // 1. Forward pass under autocast: matmuls and convolutions run in fp16/bf16, reductions and
-    //    the loss in fp32 (a no-op guard for fp32/tf32).
-    enter(Phase::forward);
-    torch::Tensor loss;
-    {
-      AutocastGuard autocast(device_, config_.precision, autocast_cache_);
-      loss = loss_fn_(batch);
-    }
-
-    // 2. Backward pass of the scaled loss. Dividing by the group size makes the accumulated
-    //    gradient the mean over all micro-batches, as one big batch would give.
-    enter(Phase::backward);
-    if (sync_) sync_->before_backward(loss, /*reduce_after_this=*/last);
-    scaler_.scale(loss / static_cast<double>(group_size)).backward();
-    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach().clone();
-  }
-
-  // 3. Optimizer step: wait for the gradient all-reduce (DDP), unscale (fp16), clip, step unless
-  //    an inf/NaN was found, adjust the loss scale, clear the gradients.
+void Trainer::gradients_ready() {
   enter(Phase::optimizer);
+  if (sync_) sync_->finish();
+}
+
+StepResult Trainer::step(const Batch& batch) {
+  if (sync_ && steps_each_bucket()) return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
+  StepResult result = mechanisms_.train_step(*this, batch);  // lab 2
+  result.samples = batch.size();
+  return finish_step(result);
+}
+
+StepResult Trainer::step(const MicroBatches& group) {
+  if (group.count == 1 && !(sync_ && steps_each_bucket())) return step(group.batch(0));
+  StepResult result;
+  result.loss = mechanisms_.accumulate_gradients(*this, group);  // lab 3
+  for (int64_t i = 0; i < group.count; ++i) result.samples += group.rows(i);
   if (sync_ && steps_each_bucket()) {
     // DDP with a fused optimizer, no loss scaling and no clipping (nothing needs all gradients
     // first): each bucket's parameters are updated as soon as its all-reduce is done, while the
-    // later buckets are still on the wire. The same update as one step over all parameters.
+    // later buckets are still on the wire. The same update as one step over all parameters: the
+    // reference's fast path, which needs no mechanism of lab 2.
+    enter(Phase::optimizer);
     auto& fused = dynamic_cast<FusedOptimizer&>(*optimizer_);
     sync_->finish_stepping_each_bucket([&](const std::vector<torch::Tensor>& params) { fused.step_parameters(params); });
-  } else {
-    if (sync_) sync_->finish();
-    scaler_.unscale_(*optimizer_);
-    if (config_.grad_clip_norm > 0) result.grad_norm = clip_grad_norm_(parameters_, config_.grad_clip_norm);
-    scaler_.step(*optimizer_);
-    if (scaler_.is_enabled()) result.skipped = scaler_.found_inf().clamp_max(1.0);
-    scaler_.update();
+    return finish_step(result);
   }
-  optimizer_->zero_grad(/*set_to_none=*/true);  // backward then writes fresh gradients instead of adding to zeros
+  StepResult stepped = mechanisms_.optimizer_step(*this);  // lab 2
+  result.grad_norm = stepped.grad_norm;
+  result.skipped = stepped.skipped;
+  return finish_step(result);
+}
 
+StepResult Trainer::finish_step(StepResult result) {
+  optimizer_->zero_grad(/*set_to_none=*/true);  // backward then writes fresh gradients instead of adding to zeros
   memory_.end_step(global_step_);
   phase_ = Phase::other;
   ++global_step_;
-  result.loss = loss_sum / static_cast<double>(group_size);
   return result;
 }
 

@@ -1,5 +1,8 @@
-// The training step. Trainer::step() is the one function that reads top to bottom: forward
-// under autocast, scaled backward per micro-batch, then unscale, clip, step-or-skip, update.
+// The trainer: what one optimizer step works on (model, loss, optimizer, loss scaler, memory
+// tracker, gradient sync), and the dispatch of a step to the mechanisms the labs build. The step
+// itself (forward under autocast, scaled backward, unscale, clip, step or skip, update) is lab 2's,
+// gradient accumulation lab 3's: the trainer is handed them (StepMechanisms) and never includes
+// a lab. The loop around the step is loop.hpp's.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -13,7 +16,7 @@
 #include <vector>
 
 #include "amplab/config.hpp"
-#include "amplab/grad_scaler.hpp"
+#include "amplab/loss_scaler.hpp"
 #include "amplab/memory.hpp"
 #include "amplab/precision.hpp"
 
@@ -111,8 +114,16 @@ struct Batch {
 // Forward pass plus loss: what a lab supplies. Runs under the autocast guard.
 using LossFn = std::function<torch::Tensor(const Batch&)>;
 
-// Data-parallel training plugs in here (dist/ddp.hpp): the trainer tells it which backward
-// passes must all-reduce, and waits for the reduction before the optimizer step.
+// The micro-batches of one optimizer step: how many, the rows of each (known without making
+// it), and each batch, made when asked (so that one micro-batch's tensors live at a time).
+struct MicroBatches {
+  int64_t count = 0;
+  std::function<int64_t(int64_t)> rows;
+  std::function<Batch(int64_t)> batch;
+};
+
+// Data-parallel training plugs in here (lab 5's DistributedDataParallel): the trainer tells it
+// which backward passes must all-reduce, and waits for the reduction before the optimizer step.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
@@ -137,18 +148,47 @@ struct StepResult {
   int64_t samples = 0;
 };
 
+class Trainer;
+
+// The mechanisms a step is made of, written in the labs and handed to the trainer (apps/common
+// gathers them; a build links the instructor's reference or the student's own code).
+struct StepMechanisms {
+  // Lab 2: the loss scaler a config asks for (disabled unless fp16-mixed or loss_scaling on).
+  std::function<std::unique_ptr<LossScaler>(const TrainConfig&)> make_scaler;
+  // Lab 2: one optimizer step on one batch (forward under autocast, scaled backward, then
+  // optimizer_step). Gradients are zeroed by the trainer afterwards.
+  std::function<StepResult(Trainer&, const Batch&)> train_step;
+  // Lab 2: the optimizer half of a step once the gradients are in .grad (scaled): unscale and
+  // clip when clipping, step or skip, update the scale. Fills grad_norm and skipped.
+  std::function<StepResult(Trainer&)> optimizer_step;
+  // Lab 3: forward and scaled backward of several micro-batches, each weighted by its share of
+  // the samples, accumulating into .grad; returns their mean loss (0-dim, on the device).
+  std::function<torch::Tensor(Trainer&, const MicroBatches&)> accumulate_gradients;
+};
+
 class Trainer {
  public:
   Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config, torch::Device device,
-          const MemoryConfig& memory = {});
+          const StepMechanisms& mechanisms, const MemoryConfig& memory = {});
 
-  // One optimizer step over `group_size` micro-batches; micro_batch(i) returns the i-th.
-  StepResult step(int64_t group_size, const std::function<Batch(int64_t)>& micro_batch);
+  // One optimizer step over one batch, or over a group of micro-batches (accumulation).
+  StepResult step(const Batch& batch);
+  StepResult step(const MicroBatches& group);
+
+  // ---- For the mechanisms: what a step works with ----
+  // The loss of `batch` (call it under the autocast guard). Also marks the forward and backward
+  // phases for the memory tracker, and tells data-parallel training that a backward is coming
+  // (last_micro_batch: whether the gradients are to be all-reduced after it).
+  torch::Tensor forward_loss(const Batch& batch, bool last_micro_batch = true);
+  // Call once backward is done, before touching gradients: waits for data-parallel training to
+  // average them across ranks (a no-op in one process) and marks the optimizer phase.
+  void gradients_ready();
 
   torch::nn::Module& model() { return *model_; }
   const std::shared_ptr<torch::nn::Module>& model_ptr() const { return model_; }
+  const std::vector<torch::Tensor>& parameters() const { return parameters_; }  // model().parameters()
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  GradScaler& scaler() { return scaler_; }
+  LossScaler& scaler() { return *scaler_; }
   MemoryTracker& memory() { return memory_; }
   const TrainConfig& config() const { return config_; }
   torch::Device device() const { return device_; }
@@ -160,27 +200,25 @@ class Trainer {
     sync_ = sync;
     step_each_bucket_.reset();
   }
-  // Autocast keeps fp16/bf16 copies of weights for the forward pass; a CUDA graph capture must not
-  // (cuda_graph.cpp turns it off while capturing).
-  void set_autocast_cache(bool enabled) { autocast_cache_ = enabled; }
 
  private:
   void enter(Phase phase);
   bool steps_each_bucket();  // see step(): DDP may update each bucket as soon as it is reduced
+  StepResult finish_step(StepResult result);
 
   std::shared_ptr<torch::nn::Module> model_;
   LossFn loss_fn_;
   TrainConfig config_;
   torch::Device device_;
+  StepMechanisms mechanisms_;
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  GradScaler scaler_;
+  std::unique_ptr<LossScaler> scaler_;
   MemoryTracker memory_;
   Tf32Guard tf32_;  // TF32 only for precision tf32 (fp32 means IEEE fp32 matmuls and convolutions)
   GradientSync* sync_ = nullptr;
   std::optional<bool> step_each_bucket_;  // decided at the first synchronized step
   Phase phase_ = Phase::other;
-  bool autocast_cache_ = true;
   int64_t global_step_ = 0;
 };
 

@@ -1,111 +1,68 @@
 // Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
 // fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
-// Lab 2, AMP training. Each TODO below is one exercise; see labs/amp_training/README.md.
+// Lab 2, AMP training: the scaler factory, the step and the underflow measurement (the GradScaler
+// is grad_scaler.cpp). Each
+// TODO is one function; see labs/amp_training/README.md.
 #include "amp_training.hpp"
 
-#include "amplab/device.hpp"
+#include <ATen/autocast_mode.h>
+
 #include "amplab/error.hpp"
 #include "amplab/grad_clip.hpp"
-#include "amplab/memory.hpp"
 
 namespace amp_training {
 
-amplab::GradScaler make_grad_scaler(amplab::Precision precision, const std::string& loss_scaling,
-                                    const amplab::GradScalerConfig& config) {
-  if (loss_scaling != "auto" && loss_scaling != "on" && loss_scaling != "off")
-    throw amplab::Error("train.loss_scaling: '" + loss_scaling + "' is not allowed; use one of: auto, on, off");
-  amplab::GradScalerConfig chosen = config;
-  // TODO(amp_training-2): Decide chosen.enabled: true when loss_scaling is "on", or when it is
-  // "auto" and the precision needs loss scaling (amplab::needs_loss_scaling: fp16-mixed only;
-  // bf16 has fp32's exponent range, so its gradients do not underflow); false otherwise.
-  AMPLAB_TODO("amp_training-2");
-  return amplab::GradScaler(chosen);
-}
-
-AmpTraining::AmpTraining(std::shared_ptr<torch::nn::Module> model_, amplab::LossFn loss_fn_,
-                         const amplab::TrainConfig& config, torch::Device device_)
-    : model(std::move(model_)),
-      loss_fn(std::move(loss_fn_)),
-      scaler(make_grad_scaler(config.precision, config.loss_scaling, config.grad_scaler)),
-      precision(config.precision),
-      grad_clip_norm(config.grad_clip_norm),
-      device(device_),
-      tf32_(config.precision == amplab::Precision::tf32) {
-  amplab::check_supported(precision, device);
-  amplab::check_on_device(*model, device);
-  parameters = model->parameters();
-  optimizer = amplab::make_optimizer(parameters, config.optimizer);
-}
-
-// ---- The training step --------------------------------------------------------------------
-amplab::StepResult train_step(AmpTraining& t, const amplab::Batch& batch) {
-  amplab::StepResult result;
-  result.samples = batch.size();
-  torch::Tensor loss;  // 0-dim float32: the batch's loss, unscaled
-
-  // TODO(amp_training-1): The forward pass under autocast. In a block of its own, hold an
-  // amplab::AutocastGuard(t.device, t.precision) and compute loss = t.loss_fn(batch): inside,
-  // matmuls and convolutions run in fp16/bf16 on fp16/bf16 copies of the fp32 weights, while
-  // reductions and the loss stay fp32 (for fp32/tf32 the guard does nothing). Close the block
-  // before backward: backward ops run in the dtype that autocast chose for their forward op.
-  AMPLAB_TODO("amp_training-1");
-
-  // TODO(amp_training-3): Backward of the *scaled* loss: t.scaler.scale(loss) multiplies it by
-  // the loss scale S (65536 at first), so every gradient comes out S times larger and the small
-  // ones survive fp16 instead of flushing to zero. A disabled scaler returns the loss as it is.
-  AMPLAB_TODO("amp_training-3");
-
-  // TODO(amp_training-4): Clipping, when t.grad_clip_norm > 0: amplab::clip_grad_norm_(t.parameters,
-  // t.grad_clip_norm) clips in place and returns the norm before clipping; keep it in
-  // result.grad_norm. The gradients are still S times too large here: unscale them first with
-  // t.scaler.unscale_(*t.optimizer), or the norm is S times too large and the clip shrinks every
-  // update by S. Without clipping, do not unscale here: step() does it, and a fused optimizer
-  // divides inside its own kernel, saving a pass over all gradients.
-  AMPLAB_TODO("amp_training-4");
-
-  // TODO(amp_training-5): The optimizer step through the scaler, then the scale update:
-  // t.scaler.step(*t.optimizer) steps unless a gradient is inf/NaN, and t.scaler.update() then
-  // halves S after an overflow or doubles it after growth_interval clean steps. With the scaler
-  // enabled, report the skip as result.skipped = t.scaler.found_inf().clamp_max(1.0): a device
-  // tensor, read later (an .item() here would wait for the GPU every step).
-  AMPLAB_TODO("amp_training-5");
-
-  t.optimizer->zero_grad(/*set_to_none=*/true);  // the next backward writes fresh gradients
-  result.loss = loss.detach();
-  return result;
-}
-
-// ---- Measuring ----------------------------------------------------------------------------
-StepStats measure_steps(const std::function<torch::Tensor()>& step, torch::Device device, int warmup, int repeats,
-                        int window) {
-  if (repeats < 1 || window < 1 || warmup < 0)
-    throw amplab::Error("measure_steps: need warmup >= 0, repeats >= 1 and window >= 1");
-  StepStats stats;
-  std::vector<double> per_step_ms;  // one entry per timed window
-  // TODO(amp_training-6): Reset the peak memory counter (amplab::reset_peak_memory), run `step`
-  // warmup times, wait for the device (amplab::synchronize). Then for each of `repeats` windows:
-  // DeviceTimer::start(), `window` calls of step(), stop_ms() / window into per_step_ms. No host
-  // sync inside a window: keep the last loss as a tensor. Afterwards set stats.peak_mib from
-  // amplab::read_memory(device).peak_allocated (bytes; 1 MiB = 2^20 bytes) and stats.final_loss
-  // from the last loss (.item<double>(): one sync, at the end). Then implement compare_to_fp32().
+// TODO(amp_training-6): enabled when config.loss_scaling is "on", or when it is "auto" and the
+// precision is one whose gradients underflow (amplab::needs_loss_scaling: fp16's 5 exponent bits;
+// bf16 has fp32's 8 and needs none). config.loss_scaling other than auto|on|off is an
+// amplab::Error naming train.loss_scaling and the allowed values.
+std::unique_ptr<amplab::LossScaler> make_loss_scaler(const amplab::TrainConfig& config) {
   AMPLAB_TODO("amp_training-6");
-  stats.step_ms = amplab::summarize(per_step_ms);
-  return stats;
 }
 
-std::string PrecisionResult::label() const {
-  std::string name = amplab::to_string(precision);
-  if (amplab::needs_loss_scaling(precision) && !loss_scaling) name += " (no scaler)";
-  if (!amplab::needs_loss_scaling(precision) && loss_scaling) name += " (scaler)";
-  return name;
+// TODO(amp_training-7): one mixed-precision step, top to bottom:
+//  1. the loss, from trainer.forward_loss(batch) (given: forward pass + loss, the memory
+//     tracker's phases, data-parallel hooks), under an amplab::AutocastGuard for the trainer's
+//     device and precision: matmuls and convolutions run in fp16/bf16 on casts of the fp32
+//     weights, reductions and the loss stay fp32. Close the guard before backward: backward ops
+//     run in the dtype autocast chose for their forward op.
+//  2. backward of the *scaled* loss (trainer.scaler()), so small fp16 gradients survive;
+//  3. optimizer_step(trainer).
+// Return its result with the loss (detached, 0-dim, on the device) and samples filled in.
+// Pitfall: never .item() in a step: each one makes the host wait for the GPU.
+amplab::StepResult train_step(amplab::Trainer& trainer, const amplab::Batch& batch) {
+  AMPLAB_TODO("amp_training-7");
 }
 
-void compare_to_fp32(std::vector<PrecisionResult>& results) {
-  // TODO(amp_training-6): For every result that ran, find the result of the same model with
-  // precision fp32 that ran; set speedup_vs_fp32 = its median ms per step / this one's, and
-  // memory_vs_fp32 = this peak_mib / its peak_mib (so fp32 itself gets 1 and 1). Leave both at 0
-  // when the model has no fp32 result that ran.
-  AMPLAB_TODO("amp_training-6");
+// TODO(amp_training-7): the optimizer half, once backward has left scaled gradients in .grad.
+// First trainer.gradients_ready() (given: data-parallel training averages them across ranks
+// there). When trainer.config().grad_clip_norm > 0, clip with amplab::clip_grad_norm_ and keep
+// the norm it returns (before clipping) in result.grad_norm, but unscale first: clipping scaled
+// gradients sees a norm S times too large and shrinks every update by S. Without clipping, do not
+// unscale: step() does it (and a fused optimizer divides inside its own kernel). Then the
+// scaler's step and update. With loss scaling, result.skipped = a 0-dim float32 device tensor, 1
+// when the step was skipped (from found_inf(), which may count several overflows: clamp it).
+amplab::StepResult optimizer_step(amplab::Trainer& trainer) {
+  AMPLAB_TODO("amp_training-7");
+}
+
+// TODO(amp_training-8): start from cleared gradients; compute the loss under an
+// amplab::AutocastGuard(device.type(), dtype, enabled) (disabled for std::nullopt: leave the dtype
+// argument as autocast has it, at::autocast::get_autocast_dtype), multiply it by loss_scale,
+// backward, then collect each parameter's .grad divided by loss_scale (a detached fp32 copy:
+// zeros where a parameter got no gradient) and clear the gradients again.
+// Pitfall: dividing afterwards is what brings the values back; a gradient that was already zero
+// in fp16 stays zero, which is the point of the measurement.
+std::vector<torch::Tensor> gradients_under(torch::nn::Module& model, const amplab::LossFn& loss_fn,
+                                           const amplab::Batch& batch, std::optional<torch::ScalarType> dtype,
+                                           double loss_scale, torch::Device device) {
+  AMPLAB_TODO("amp_training-8");
+}
+
+// TODO(amp_training-8): count, over all tensors, the elements where reference != 0 and
+// grads == 0, and divide by the count of reference != 0. Different sizes: an amplab::Error.
+double flushed_share(const std::vector<torch::Tensor>& reference, const std::vector<torch::Tensor>& grads) {
+  AMPLAB_TODO("amp_training-8");
 }
 
 }  // namespace amp_training

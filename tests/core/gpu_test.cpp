@@ -18,6 +18,7 @@
 #include "amplab/precision.hpp"
 #include "amplab/timing.hpp"
 #include "amplab/trainer.hpp"
+#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace amplab {
@@ -60,14 +61,14 @@ TEST(GpuTrainer, Fp16SkipsAnOverflowingStepAndBacksOff_CUDA) {
     seen = out.scalar_type();
     auto loss = torch::nn::functional::cross_entropy(out, b.target);
     return poison ? loss * std::numeric_limits<float>::infinity() : loss;
-  }, config, kGpu);
+  }, config, kGpu, course_mechanisms());
   Batch batch{torch::randn({32, 256}, kGpu), torch::randint(0, 10, {32}, torch::dtype(torch::kInt64).device(kGpu))};
-  auto r = trainer.step(1, [&](int64_t) { return batch; });
+  auto r = trainer.step(batch);
   EXPECT_EQ(seen, torch::kHalf);
   EXPECT_EQ(r.skipped.item<double>(), 0.0);
   poison = true;
   auto before = net->fc1->weight.clone();
-  r = trainer.step(1, [&](int64_t) { return batch; });
+  r = trainer.step(batch);
   EXPECT_EQ(r.skipped.item<double>(), 1.0);
   EXPECT_TRUE(test::tensors_equal(net->fc1->weight, before));
   EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
@@ -99,9 +100,9 @@ TEST(GpuMemory, PhasePeaksOfAKnownMlpMatchTheAnalyticCount_CUDA) {
   net->to(kGpu);
   TrainConfig config;
   config.optimizer.momentum = 0.9;
-  Trainer trainer(net, [&](const Batch& b) { return net->forward(b.input).pow(2).mean(); }, config, kGpu);
+  Trainer trainer(net, [&](const Batch& b) { return net->forward(b.input).pow(2).mean(); }, config, kGpu, course_mechanisms());
   Batch data{torch::randn({batch, width}, kGpu), torch::zeros({batch}, kGpu)};
-  for (int i = 0; i < 3; ++i) trainer.step(1, [&](int64_t) { return data; });
+  for (int i = 0; i < 3; ++i) trainer.step(data);
   const double mib = 1 << 20;
   const double weights = layers * width * width * 4 / mib;  // 256 MiB
   const double activation = batch * width * 4 / mib;        // 16 MiB per tensor
@@ -155,12 +156,12 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
     SCOPED_TRACE(to_string(precision));
     auto [eager_net, graph_net] = twin_mlps_on_gpu(1);
     TrainConfig config = graph_config(precision);
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms());
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms());
     GraphedTrainStep graph(graphed);
     for (int step = 0; step < 8; ++step) {
       Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
-      auto e = eager.step(1, [&](int64_t) { return b; });
+      auto e = eager.step(b);
       auto g = graph.step(b);
       EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
     }
@@ -186,8 +187,8 @@ TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
     if (config.optimizer.name == "adamw") config.optimizer.lr = 0.01;
     config.optimizer.schedule = "linear";
     config.optimizer.warmup = 0.25;
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu);
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu);
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms());
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms());
     GraphedTrainStep graph(graphed);
     torch::Tensor initial = graph_net->parameters()[0].detach().clone();
     const int steps = 8;
@@ -198,7 +199,7 @@ TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
       double lr = scheduled_lr(config.optimizer, step, steps);
       set_learning_rate(eager.optimizer(), lr);
       set_learning_rate(graphed.optimizer(), lr);
-      auto e = eager.step(1, [&](int64_t) { return b; });
+      auto e = eager.step(b);
       auto g = graph.step(b);
       if (!overflow) {
         EXPECT_TRUE(test::tensors_close(g.loss, e.loss, 1e-5, 1e-6)) << "step " << step;
@@ -222,12 +223,12 @@ TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
   TrainConfig adamw = graph_config(Precision::bf16_mixed);
   adamw.optimizer.name = "adamw";
   adamw.optimizer.fused = false;
-  Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu);
+  Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu, course_mechanisms());
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_adamw); }, {"train.cuda_graph", "train.optimizer.fused=true"}));
   TrainConfig scheduled = graph_config(Precision::bf16_mixed);
   scheduled.optimizer.fused = false;
   scheduled.optimizer.schedule = "linear";
-  Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu);
+  Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu, course_mechanisms());
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.cuda_graph", "schedule", "fused=true"}));
 }
 

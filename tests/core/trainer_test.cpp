@@ -11,6 +11,7 @@
 #include "amplab/loop.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/trainer.hpp"
+#include "mechanisms.hpp"  // the labs' GradScaler, step and accumulation (the reference here)
 #include "support.hpp"
 
 namespace amplab {
@@ -63,12 +64,13 @@ TEST(Trainer, AccumulationMatchesOneBigBatch) {
     torch::NoGradGuard g;
     for (size_t i = 0; i < big->parameters().size(); ++i) small->parameters()[i].copy_(big->parameters()[i]);
   }
-  Trainer one(big, cross_entropy(big), sgd_config(16, 1), torch::kCPU);
-  Trainer four(small, cross_entropy(small), sgd_config(4, 4), torch::kCPU);
+  Trainer one(big, cross_entropy(big), sgd_config(16, 1), torch::kCPU, course_mechanisms());
+  Trainer four(small, cross_entropy(small), sgd_config(4, 4), torch::kCPU, course_mechanisms());
   for (int step = 0; step < 3; ++step) {
     auto x = data.x.narrow(0, step * 8, 16), y = data.y.narrow(0, step * 8, 16);
-    one.step(1, [&](int64_t) { return Batch{x, y}; });
-    four.step(4, [&](int64_t i) { return Batch{x.narrow(0, i * 4, 4), y.narrow(0, i * 4, 4)}; });
+    one.step(Batch{x, y});
+    four.step(MicroBatches{4, [](int64_t) { return int64_t{4}; },
+                           [&](int64_t i) { return Batch{x.narrow(0, i * 4, 4), y.narrow(0, i * 4, 4)}; }});
   }
   for (size_t i = 0; i < big->parameters().size(); ++i)
     EXPECT_TRUE(test::tensors_close(small->parameters()[i], big->parameters()[i], 1e-5, 1e-6)) << "parameter " << i;
@@ -79,8 +81,8 @@ TEST(Trainer, StepReturnsTheMeanLossOnTheDeviceAndClearsGradients) {
   ToyData data(8);
   auto net = std::make_shared<Net>();
   auto expected = torch::nn::functional::cross_entropy(net->forward(data.x.narrow(0, 0, 4)), data.y.narrow(0, 0, 4)).detach();
-  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU);
-  auto r = trainer.step(1, [&](int64_t) { return Batch{data.x.narrow(0, 0, 4), data.y.narrow(0, 0, 4)}; });
+  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU, course_mechanisms());
+  auto r = trainer.step(Batch{data.x.narrow(0, 0, 4), data.y.narrow(0, 0, 4)});
   EXPECT_TRUE(test::tensors_equal(r.loss, expected));
   EXPECT_FALSE(r.skipped.defined());  // no loss scaling: nothing to skip
   EXPECT_EQ(r.samples, 4);
@@ -100,11 +102,11 @@ TEST(Trainer, Bf16MixedOnCpuRunsUnderAutocastWithoutAScaler) {
   };
   auto config = sgd_config(16, 1);
   config.precision = Precision::bf16_mixed;
-  Trainer trainer(net, loss_fn, config, torch::kCPU);
+  Trainer trainer(net, loss_fn, config, torch::kCPU, course_mechanisms());
   EXPECT_FALSE(trainer.scaler().is_enabled());
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
-    auto r = trainer.step(1, [&](int64_t) { return Batch{data.x.narrow(0, (step % 4) * 16, 16), data.y.narrow(0, (step % 4) * 16, 16)}; });
+    auto r = trainer.step(Batch{data.x.narrow(0, (step % 4) * 16, 16), data.y.narrow(0, (step % 4) * 16, 16)});
     if (step == 0) first = r.loss.item<double>();
     last = r.loss.item<double>();
   }
@@ -117,7 +119,7 @@ TEST(Trainer, RejectsPrecisionTheDeviceCannotRun) {
   auto net = std::make_shared<Net>();
   auto config = sgd_config(4, 1);
   config.precision = Precision::fp16_mixed;
-  EXPECT_TRUE(test::throws_with([&] { Trainer t(net, cross_entropy(net), config, torch::kCPU); }, {"fp16-mixed needs a GPU"}));
+  EXPECT_TRUE(test::throws_with([&] { Trainer t(net, cross_entropy(net), config, torch::kCPU, course_mechanisms()); }, {"fp16-mixed needs a GPU"}));
 }
 
 TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
@@ -131,14 +133,14 @@ TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
   };
   auto config = sgd_config(8, 1);
   config.loss_scaling = "on";
-  Trainer trainer(net, loss_fn, config, torch::kCPU);
+  Trainer trainer(net, loss_fn, config, torch::kCPU, course_mechanisms());
   auto before = net->fc1->weight.clone();
-  auto r = trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
+  auto r = trainer.step(Batch{data.x, data.y});
   EXPECT_EQ(r.skipped.item<double>(), 1.0);
   EXPECT_TRUE(test::tensors_equal(net->fc1->weight, before));
   EXPECT_EQ(trainer.scaler().get_scale(), 32768.0);
   poison = false;
-  EXPECT_EQ(trainer.step(1, [&](int64_t) { return Batch{data.x, data.y}; }).skipped.item<double>(), 0.0);
+  EXPECT_EQ(trainer.step(Batch{data.x, data.y}).skipped.item<double>(), 0.0);
 }
 
 TEST(Trainer, ClippingSeesUnscaledGradients) {
@@ -153,9 +155,9 @@ TEST(Trainer, ClippingSeesUnscaledGradients) {
   plain.grad_clip_norm = 0.05;
   auto scaled = plain;
   scaled.loss_scaling = "on";
-  Trainer ta(a, cross_entropy(a), plain, torch::kCPU), tb(b, cross_entropy(b), scaled, torch::kCPU);
-  auto ra = ta.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
-  auto rb = tb.step(1, [&](int64_t) { return Batch{data.x, data.y}; });
+  Trainer ta(a, cross_entropy(a), plain, torch::kCPU, course_mechanisms()), tb(b, cross_entropy(b), scaled, torch::kCPU, course_mechanisms());
+  auto ra = ta.step(Batch{data.x, data.y});
+  auto rb = tb.step(Batch{data.x, data.y});
   EXPECT_NEAR(rb.grad_norm.item<double>(), ra.grad_norm.item<double>(), 1e-6 * ra.grad_norm.item<double>());
   for (size_t i = 0; i < a->parameters().size(); ++i)
     EXPECT_TRUE(test::tensors_close(b->parameters()[i], a->parameters()[i], 1e-6, 1e-7));
@@ -177,7 +179,7 @@ TEST(Loop, DivergenceGuardStopsOnNonFiniteLoss) {
   auto config = sgd_config(4, 1);
   config.divergence_patience = 5;
   config.log_every = 2;
-  Trainer trainer(net, nan_loss, config, torch::kCPU);
+  Trainer trainer(net, nan_loss, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   auto result = fit(trainer, batches, quiet_options());
   EXPECT_EQ(result.status, FitStatus::diverged);
@@ -191,7 +193,7 @@ TEST(Loop, RaggedLastGroupIsAShorterGroup) {
   ToyData data(40);
   auto net = std::make_shared<Net>();
   auto config = sgd_config(4, 3);  // 10 micro-batches per epoch: groups of 3, 3, 3, 1
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, 0, true, false), torch::kCPU);
   auto result = fit(trainer, batches, quiet_options());
   ASSERT_EQ(result.status, FitStatus::completed);
@@ -225,18 +227,18 @@ TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
     config.epochs = 2;
     config.optimizer.fused = fused;
     config.optimizer.schedule = "linear";
-    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU);
+    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU, course_mechanisms());
     TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, /*shuffle=*/false, false), torch::kCPU);
     ASSERT_EQ(fit(trainer, batches, quiet_options()).status, FitStatus::completed);
     EXPECT_DOUBLE_EQ(trainer.optimizer().param_groups()[0].options().get_lr(), 0.1 / 16);  // the last of 16 steps
 
     auto constant = config;
     constant.optimizer.schedule = "constant";
-    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU);
+    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU, course_mechanisms());
     for (int64_t step = 0; step < 16; ++step) {
       set_learning_rate(manual.optimizer(), 0.1 * (static_cast<double>(16 - step) / 16));
       int64_t first = (step % 8) * 4;
-      manual.step(1, [&](int64_t) { return Batch{data.x.narrow(0, first, 4), data.y.narrow(0, first, 4)}; });
+      manual.step(Batch{data.x.narrow(0, first, 4), data.y.narrow(0, first, 4)});
     }
     for (size_t i = 0; i < scheduled->parameters().size(); ++i)
       EXPECT_TRUE(test::tensors_equal(scheduled->parameters()[i], by_hand->parameters()[i]))
@@ -276,7 +278,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
     if (++micro_batches == 2 * interrupt_after) std::raise(SIGINT);
     return inner(batch);
   };
-  Trainer trainer(net, loss, config, torch::kCPU);
+  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.checkpoint_dir = checkpoint_dir;
@@ -325,13 +327,13 @@ TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
   options.checkpoint.every_epoch = true;
   options.checkpoint_dir = dir.path().string();
   auto net = std::make_shared<Net>();
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
   auto first = fit(trainer, batches, options);
   ASSERT_EQ(first.status, FitStatus::completed);
 
   auto again_net = std::make_shared<Net>();
-  Trainer again(again_net, cross_entropy(again_net), config, torch::kCPU);
+  Trainer again(again_net, cross_entropy(again_net), config, torch::kCPU, course_mechanisms());
   options.resume = "latest";
   auto resumed = fit(again, batches, options);
   EXPECT_EQ(resumed.status, FitStatus::completed);
@@ -344,7 +346,7 @@ TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
 
   // More epochs train on from there (a constant rate: nothing else changes meaning).
   config.epochs = 3;
-  Trainer more(again_net, cross_entropy(again_net), config, torch::kCPU);
+  Trainer more(again_net, cross_entropy(again_net), config, torch::kCPU, course_mechanisms());
   auto longer = fit(more, batches, options);
   EXPECT_EQ(longer.status, FitStatus::completed);
   EXPECT_FALSE(longer.already_finished);
@@ -366,7 +368,7 @@ TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
   options.checkpoint.every_steps = 6;  // mid-epoch: 12 steps per epoch
   options.checkpoint.keep_last = 10;
   auto net = std::make_shared<Net>();
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(48, 4, 0, true, false), torch::kCPU);
   ASSERT_EQ(fit(trainer, batches, options).status, FitStatus::completed);
   std::string mid_epoch;
@@ -378,7 +380,7 @@ TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
   auto bigger = config;
   bigger.batch_size = 8;
   auto other = std::make_shared<Net>();
-  Trainer changed(other, cross_entropy(other), bigger, torch::kCPU);
+  Trainer changed(other, cross_entropy(other), bigger, torch::kCPU, course_mechanisms());
   TensorBatches batches8(data.x, data.y, EpochSampler(48, 8, 0, true, false), torch::kCPU);
   options.resume = mid_epoch;
   options.checkpoint.every_steps = 0;
@@ -406,7 +408,7 @@ TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
   auto config = sgd_config(4, 1);
   config.divergence_patience = 5;
   config.log_every = 100;
-  Trainer trainer(net, poisoned, config, torch::kCPU);
+  Trainer trainer(net, poisoned, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.checkpoint_dir = dir.path().string();
@@ -420,8 +422,8 @@ TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
     if (e.path().extension() != ".ckpt") continue;
     auto fresh = std::make_shared<Net>();
     auto optimizer = make_optimizer(fresh->parameters(), config.optimizer);
-    GradScaler scaler(GradScalerConfig{.enabled = false});
-    TrainingState state{*fresh, *optimizer, scaler};
+    auto scaler = course_mechanisms().make_scaler(config);
+    TrainingState state{*fresh, *optimizer, *scaler};
     load_checkpoint(e.path().string(), state, "toy");
     for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.isfinite().all().item<bool>()) << e.path();
     ++checked;
@@ -445,7 +447,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   };
   auto config = sgd_config(4, 1);
   config.epochs = 2;
-  Trainer trainer(net, loss, config, torch::kCPU);
+  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.checkpoint_dir = dir.path().string();
@@ -460,7 +462,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
 
   test::TempDir final_dir;
   auto last_net = std::make_shared<Net>();
-  Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU);
+  Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU, course_mechanisms());
   FitOptions at_end = quiet_options();
   at_end.checkpoint_dir = final_dir.path().string();
   at_end.checkpoint.every_epoch = true;
@@ -480,12 +482,12 @@ TEST(Loop, ABatchLargerThanTheTrainingSetIsRefused) {
   ToyData data(10);
   auto net = std::make_shared<Net>();
   auto config = sgd_config(16, 1);
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches ragged(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/false), torch::kCPU);
   EXPECT_TRUE(test::throws_with([&] { fit(trainer, ragged, quiet_options()); },
                                 {"train.batch_size=16 is larger than the training set (10 samples)"}));
   config.drop_last = true;
-  Trainer dropping(net, cross_entropy(net), config, torch::kCPU);
+  Trainer dropping(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches none(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/true), torch::kCPU);
   EXPECT_TRUE(test::throws_with([&] { fit(dropping, none, quiet_options()); }, {"leaves no batch", "train.drop_last"}));
 }
@@ -502,7 +504,7 @@ TEST(Loop, WritesMetricsAndStepsCsv) {
   auto config = sgd_config(8, 1);
   config.epochs = 2;
   config.log_every = 2;
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(32, 8, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.run_dir = &run_dir;

@@ -22,6 +22,7 @@
 #include "amplab/error.hpp"
 #include "amplab/precision.hpp"
 #include "amplab/trainer.hpp"
+#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace {
@@ -368,13 +369,13 @@ std::pair<torch::Tensor, DistributedDataParallel::Stats> train_with_trainer(
   train.optimizer.lr = optimizer == "sgd" ? kLr : 0.01;
   train.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
   train.progress = false;
-  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device);
+  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device, course_mechanisms());
   dist::DdpGradientSync sync(ddp);
-  dist::attach(trainer, sync, comm);
+  dist::attach(trainer, sync);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, W, 1);
     Batch mine{on_device(x.narrow(0, r * kMicroBatch, kMicroBatch)), on_device(y.narrow(0, r * kMicroBatch, kMicroBatch))};
-    trainer.step(1, [&](int64_t) { return mine; });
+    trainer.step(mine);
   }
   return {flat_params(*model), ddp.stats()};
 }

@@ -14,6 +14,7 @@
 
 #include "amplab/batch_finder.hpp"
 #include "memory_optimization.hpp"
+#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace {
@@ -235,6 +236,16 @@ amplab::LossFn mlp_loss(mo::DeepMlp model) {
   return [model](const amplab::Batch& b) mutable { return mo::loss_of(model, b); };
 }
 
+// The trainer accumulate_gradients works with: `model` in `precision`, no loss scaling.
+std::unique_ptr<amplab::Trainer> trainer_for(mo::DeepMlp model, Precision precision, amplab::LossFn loss = {}) {
+  amplab::TrainConfig config;
+  config.precision = precision;
+  config.loss_scaling = "off";
+  config.progress = false;
+  return std::make_unique<amplab::Trainer>(model.ptr(), loss ? loss : mlp_loss(model), config, torch::kCPU,
+                                           amplab::course_mechanisms());
+}
+
 // Ten samples in micro-batches of 4, 4 and 2 against one backward of all ten. Not bitwise: the big
 // batch sums ten per-sample gradients in one reduction (inside the matmuls), accumulation sums
 // three partial sums weighted 0.4, 0.4, 0.2, and float addition is not associative; the
@@ -245,7 +256,7 @@ TEST(MemoryOptimization3_Accumulation, UnevenMicroBatchesGiveTheBigBatchGradient
   amplab::Batch batch = random_batch(10, 16, 5);
   torch::Tensor want_loss = mo::loss_of(big, batch);
   want_loss.backward();
-  torch::Tensor got_loss = mo::accumulate_gradients(mlp_loss(small), batch, 4, torch::kCPU, Precision::fp32);
+  torch::Tensor got_loss = mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 4));
   ASSERT_TRUE(got_loss.defined()) << "accumulate_gradients returned no loss";
   EXPECT_FALSE(got_loss.requires_grad()) << "the returned loss is detached";
   EXPECT_EQ(got_loss.dim(), 0);
@@ -264,12 +275,12 @@ TEST(MemoryOptimization3_Accumulation, OneMicroBatchIsThePlainBackwardAndGradien
   mo::DeepMlp big(small_mlp()), small = copy_of(big);
   amplab::Batch batch = random_batch(12, 16, 5);
   mo::loss_of(big, batch).backward();
-  mo::accumulate_gradients(mlp_loss(small), batch, 64, torch::kCPU, Precision::fp32);
+  mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 64));
   auto got = small->named_parameters();
   for (const auto& item : big->named_parameters())
     EXPECT_TRUE(test::tensors_equal(got[item.key()].grad(), item.value().grad())) << item.key();
   // A second call adds to .grad, as backward() does (the caller zeroes between optimizer steps).
-  mo::accumulate_gradients(mlp_loss(small), batch, 64, torch::kCPU, Precision::fp32);
+  mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 64));
   for (const auto& item : big->named_parameters())
     EXPECT_TRUE(test::tensors_close(got[item.key()].grad(), 2 * item.value().grad(), 1e-6, 1e-7))
         << item.key() << ": gradients accumulate across calls";
@@ -289,7 +300,7 @@ TEST(MemoryOptimization3_Accumulation, KeepsOneMicroBatchOfActivationsAndRunsUnd
   }
   {
     test::CpuAllocationCounter counter;
-    mo::accumulate_gradients(mlp_loss(small), batch, 128, torch::kCPU, Precision::fp32);
+    mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 128));
     accumulated_peak = counter.peak();
   }
   EXPECT_LT(static_cast<double>(accumulated_peak), 0.5 * static_cast<double>(plain_peak))
@@ -301,7 +312,7 @@ TEST(MemoryOptimization3_Accumulation, KeepsOneMicroBatchOfActivationsAndRunsUnd
     seen = logits.scalar_type();
     return torch::nn::functional::cross_entropy(logits, b.target);
   };
-  mo::accumulate_gradients(loss_fn, random_batch(8, 64, 5), 4, torch::kCPU, Precision::bf16_mixed);
+  mo::accumulate_gradients(*trainer_for(small, Precision::bf16_mixed, loss_fn), mo::split_batch(random_batch(8, 64, 5), 4));
   EXPECT_EQ(seen, torch::kBFloat16) << "the forward pass runs under autocast for bf16-mixed";
   for (const auto& p : small->parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << "fp32 gradients";
 }

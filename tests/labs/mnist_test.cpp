@@ -4,6 +4,7 @@
 
 #include "amplab/data/mnist.hpp"
 #include "amplab/loop.hpp"
+#include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "support.hpp"
 
@@ -106,11 +107,11 @@ TEST(Mnist3_Precision, Bf16MixedTrainsWithBf16Activations) {
     auto out = net->forward(b.input);
     seen = out.scalar_type();
     return torch::nll_loss(out, b.target);
-  }, config, torch::kCPU);
+  }, config, torch::kCPU, amplab::course_mechanisms());
   amplab::Batch batch{train.images.narrow(0, 0, 32), train.labels.narrow(0, 0, 32)};
-  double first = trainer.step(1, [&](int64_t) { return batch; }).loss.item<double>();
+  double first = trainer.step(batch).loss.item<double>();
   double last = first;
-  for (int i = 0; i < 25; ++i) last = trainer.step(1, [&](int64_t) { return batch; }).loss.item<double>();
+  for (int i = 0; i < 25; ++i) last = trainer.step(batch).loss.item<double>();
   EXPECT_EQ(seen, torch::kBFloat16);
   EXPECT_LT(last, first * 0.7);
 }
@@ -198,7 +199,8 @@ TEST(MnistLearns, FashionMnistSubsetAboveSeventyPercent) {
   base.optimizer.momentum = 0.9;
   base.progress = false;
   auto config = mnist::train_config_for(mode, base);
-  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, config, device);
+  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, config, device,
+                          amplab::course_mechanisms());
   amplab::TensorBatches batches(train.images, train.labels, amplab::EpochSampler(train.size(), 64, 0, true, false), device);
   amplab::FitOptions options;
   options.lab = "mnist";

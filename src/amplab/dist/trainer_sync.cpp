@@ -4,10 +4,11 @@
 
 namespace amplab::dist {
 
-void attach(Trainer& trainer, DdpGradientSync& sync, std::shared_ptr<Communicator> comm) {
+void attach(Trainer& trainer, DdpGradientSync& sync) {
+  // No agreement on the GradScaler's found_inf is needed: the gradients are averaged before it
+  // looks at them, so every rank sees the same ones (an inf anywhere is an inf everywhere) and
+  // skips or steps with the others, as with PyTorch's DDP.
   trainer.set_gradient_sync(&sync);
-  if (comm->size() > 1)
-    trainer.scaler().set_found_inf_reducer([comm](torch::Tensor& found_inf) { agree_on_found_inf(*comm, found_inf); });
 }
 
 DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm) {

@@ -1,7 +1,6 @@
 // Plugs data parallelism into the trainer and the loop: the trainer's GradientSync hooks drive
 // DistributedDataParallel (no_sync inside accumulation groups, wait before the optimizer step),
-// the GradScaler agrees on found_inf across ranks, and the loop's metrics and stop decisions are
-// reduced across ranks.
+// and the loop's metrics and stop decisions are reduced across ranks.
 #pragma once
 
 #include <memory>
@@ -40,9 +39,8 @@ class DdpGradientSync : public GradientSync {
   std::optional<DistributedDataParallel::NoSync> local_;
 };
 
-// Wires `trainer` to `ddp`: gradient sync hooks and found_inf agreement for the GradScaler
-// (every rank skips or steps together).
-void attach(Trainer& trainer, DdpGradientSync& sync, std::shared_ptr<Communicator> comm);
+// Wires `trainer` to `ddp`'s gradient sync hooks.
+void attach(Trainer& trainer, DdpGradientSync& sync);
 
 // Loop hooks: rank 0 writes; losses are averaged across ranks; a stop request (Ctrl-C on any
 // rank) is agreed at log points so that every rank stops after the same step.
