@@ -19,7 +19,7 @@
 #include <optional>
 
 #include "amplab/app.hpp"
-#include "amplab/batch_finder.hpp"
+#include "amplab/training_snapshot.hpp"
 #include "amplab/device.hpp"
 #include "amplab/log.hpp"
 #include "amplab/memory.hpp"
@@ -96,7 +96,7 @@ struct SweepConfig {
 struct FinderSection {
   bool enabled = true;
   std::vector<std::string> precisions = {"fp32", "bf16-mixed"};
-  amplab::BatchFinderConfig search;  // start, multiple_of, trial_steps, safety margin
+  mo::BatchFinderConfig search;  // start, multiple_of, trial_steps, safety margin
   int64_t cpu_start = 16;            // search.start on the CPU
   int64_t cpu_multiple_of = 8;       // search.multiple_of on the CPU
   bool brute_force = false;          // also scan linearly for the true limit (GPU check of the finder)
@@ -267,7 +267,7 @@ struct Lab {
     return mo::estimate_memory(shape, precision, every, momentum());
   }
   // CPU: the simulated limit (RSS has none to hit). GPU: none; running out of memory decides.
-  amplab::FitsFn simulated_fits(Precision precision, int64_t every) const {
+  mo::FitsFn simulated_fits(Precision precision, int64_t every) const {
     if (!cpu) return {};
     auto e = estimate(precision, every);
     double limit = config.mem.cpu_limit_mib * (1 << 20);
@@ -385,14 +385,14 @@ nlohmann::json sweep(Lab& lab, amplab::RunDir& run) {
 
 struct FinderResult {
   Precision precision;
-  amplab::BatchSearch search;
+  mo::BatchSearch search;
   int64_t brute_force_limit = 0;  // 0: not checked
   std::string brute_force_note;
 };
 
 FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
   const auto& c = lab.config.mem.finder;
-  amplab::BatchFinderConfig search_config = c.search;
+  mo::BatchFinderConfig search_config = c.search;
   if (lab.cpu) {
     search_config.start = c.cpu_start;
     search_config.multiple_of = c.cpu_multiple_of;
@@ -402,7 +402,7 @@ FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
   amplab::MemoryConfig untracked;
   untracked.track = false;
   amplab::Trainer trainer(lab.model.ptr(), lab.loss_fn(), lab.train_config(precision), lab.device, amplab::course_mechanisms(), untracked);
-  amplab::BatchStep step = [&](int64_t batch) {
+  mo::BatchStep step = [&](int64_t batch) {
     amplab::Batch data = mo::make_batch(batch, lab.teacher, lab.device);
     trainer.step(data);
   };
@@ -419,7 +419,7 @@ FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
   if (c.brute_force && result.search.largest_fit > 0) {
     amplab::TrainingSnapshot snapshot(*lab.model, &trainer.optimizer());
     const int64_t m = c.brute_force_step;
-    int64_t batch = amplab::round_down_to(
+    int64_t batch = mo::round_down_to(
         static_cast<int64_t>(static_cast<double>(result.search.largest_fit) * c.brute_force_from), m);
     int64_t last_fit = 0;
     int scanned = 0;
@@ -430,7 +430,7 @@ FinderResult find_batch(Lab& lab, Precision precision, amplab::Table& csv) {
                                       2 * std::max(result.search.smallest_oom, result.search.largest_fit));
     amplab::log::info("brute force: " + name + " from batch " + std::to_string(batch) + " in steps of " + std::to_string(m));
     for (; batch <= scan_max; batch += m) {
-      amplab::BatchTrial t = mo::try_batch(step, *lab.model, lab.device, batch, search_config, fits);
+      mo::BatchTrial t = mo::try_batch(step, *lab.model, lab.device, batch, search_config, fits);
       snapshot.restore();
       ++scanned;
       csv.add_row({name, "brute_force", std::to_string(t.batch), t.fits ? "yes" : "no", t.ran ? "no" : "yes",
@@ -541,7 +541,7 @@ nlohmann::json accumulation(Lab& lab, const std::vector<FinderResult>& found, am
     return {{"skipped_because", why}};
   }
   // The largest batch that fits at this precision: from the finder, or found now.
-  std::optional<amplab::BatchSearch> search;
+  std::optional<mo::BatchSearch> search;
   for (const auto& r : found)
     if (r.precision == precision) search = r.search;
   if (!search) {

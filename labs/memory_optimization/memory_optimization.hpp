@@ -12,14 +12,15 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "amplab/activation_checkpoint.hpp"  // amplab::checkpoint (TODO 4)
-#include "amplab/batch_finder.hpp"           // BatchSearch, BatchTrial, TrainingSnapshot (TODO 2)
-#include "amplab/error.hpp"                  // AMPLAB_TODO in the starter
-#include "amplab/memory.hpp"                 // read_memory, reset_peak_memory, is_out_of_memory (TODO 1)
+#include "amplab/config.hpp"             // Range (BatchFinderConfig's fields)
+#include "amplab/error.hpp"              // AMPLAB_TODO in the starter
+#include "amplab/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1)
 #include "amplab/precision.hpp"
-#include "amplab/trainer.hpp"                // Batch, LossFn
+#include "amplab/trainer.hpp"            // Trainer, Batch, MicroBatches, LossFn
+#include "amplab/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
 
 namespace memory_optimization {
 
@@ -55,7 +56,7 @@ TORCH_MODULE(ResidualBlock);
 struct DeepMlpImpl : torch::nn::Module {
   explicit DeepMlpImpl(const DeepMlpOptions& options);
   torch::Tensor forward(const torch::Tensor& x);     // logits
-  torch::Tensor run_blocks(const torch::Tensor& x);  // the residual blocks (TODO 4)
+  torch::Tensor run_blocks(const torch::Tensor& x);  // the residual blocks (checkpointed: TODO 5)
   void set_probe(const std::function<void()>& probe);  // on every block
 
   DeepMlpOptions options;
@@ -63,7 +64,7 @@ struct DeepMlpImpl : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear head{nullptr};
   // 0: keep every activation. k >= 1: keep activations only at every k-th block boundary: the
-  // blocks run in segments of k, and every segment but the last is checkpointed (TODO 4).
+  // blocks run in segments of k, and every segment but the last is checkpointed (TODO 5).
   int64_t checkpoint_every = 0;
 };
 TORCH_MODULE(DeepMlp);
@@ -76,13 +77,17 @@ torch::Tensor loss_of(DeepMlp& model, const amplab::Batch& batch);
 // torch's generator of `device`.
 amplab::Batch make_batch(int64_t size, const torch::Tensor& teacher, torch::Device device);
 
-// Given: bytes one training step needs, estimated from the shapes (what a GPU allocator would be
-// asked for; used to simulate a memory limit on the CPU and to print the expectation):
+// TODO(memory_optimization-6): the memory one training step needs, from the shapes alone (what a
+// GPU allocator will be asked for): `fixed` bytes for the model's state, `per_sample` bytes for
+// what the batch adds. The lab binary prints it beside the allocator's measured peak, and on the
+// CPU uses it as a simulated memory limit for the batch finder.
 struct MemoryEstimate {
   int64_t fixed = 0;       // parameters, gradients, optimizer state, autocast's weight copies
-  int64_t per_sample = 0;  // activations kept for backward plus one segment recomputed
+  int64_t per_sample = 0;  // activations kept for backward, plus what backward needs while it runs
   int64_t at(int64_t batch) const { return fixed + per_sample * batch; }
 };
+// momentum: the optimizer keeps one buffer per parameter (SGD with momentum; Adam keeps two: see
+// the README).
 MemoryEstimate estimate_memory(const DeepMlpOptions& options, amplab::Precision precision, int64_t checkpoint_every,
                                bool momentum);
 
@@ -104,19 +109,69 @@ Measurement measure(const std::function<void()>& step, torch::Device device, int
 
 // ---- TODO 2: the largest batch that fits, and the fastest ------------------------------------
 
-// Given: one trial of the search, with amplab's types: `fits` (when set) rejects the batch without
-// running it; otherwise config.trial_steps steps of `step(batch)` through your measure() (the
-// first untimed when there are two or more). Gradients left by a failed step are cleared.
-amplab::BatchTrial try_batch(const amplab::BatchStep& step, torch::nn::Module& model, torch::Device device,
-                             int64_t batch, const amplab::BatchFinderConfig& config, const amplab::FitsFn& fits);
+struct BatchFinderConfig {
+  int64_t start = 8;            // first batch tried; then doubled until one does not fit
+  int64_t max_batch = 1 << 20;  // never tried beyond this
+  int64_t multiple_of = 8;      // every batch tried is a multiple of this: the search's resolution
+  int64_t trial_steps = 2;      // training steps per trial; the first is warm-up (optimizer state appears), the rest are timed
+  double safety_margin = 0.1;   // recommended = largest fit x (1 - margin): room for fragmentation and longer inputs
 
-// TODO(memory_optimization-2): the search of amplab::find_batch_size (src/amplab/batch_finder.hpp,
-// same contract): grow by powers of two from config.start until a batch does not fit, bisect down
-// to config.multiple_of, apply the safety margin, pick the batch with the best throughput, and
-// leave the model, optimizer and generators as they were.
-amplab::BatchSearch find_batch_size(const amplab::BatchStep& step, torch::nn::Module& model,
-                                    torch::optim::Optimizer* optimizer, torch::Device device,
-                                    const amplab::BatchFinderConfig& config, const amplab::FitsFn& fits = {});
+  template <class V>
+  void fields(V& v) {
+    v.field("start", start, "first batch tried (then doubled)", amplab::Range<int64_t>::at_least(1));
+    v.field("max_batch", max_batch, "largest batch ever tried", amplab::Range<int64_t>::at_least(1));
+    v.field("multiple_of", multiple_of, "batches tried are multiples of this (search resolution)",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("trial_steps", trial_steps, "training steps per trial (first one untimed)", amplab::Range<int64_t>::between(1, 100));
+    v.field("safety_margin", safety_margin, "recommended = largest fit x (1 - margin)", amplab::Range<double>::between(0, 0.9));
+  }
+};
+
+// One tried batch size.
+struct BatchTrial {
+  int64_t batch = 0;
+  bool fits = false;
+  bool ran = false;               // false: rejected by the injected check without running
+  double step_ms = 0;             // median of the timed steps (0 when it did not fit or none were timed)
+  double samples_per_second = 0;
+  double peak_allocated_mib = 0;  // GPU: bytes held by tensors; CPU: process RSS high-water mark
+  double peak_reserved_mib = 0;   // GPU: bytes the caching allocator held; CPU: RSS again
+  std::string error;              // why it did not fit (first line of the OOM message)
+};
+
+struct BatchSearch {
+  int64_t largest_fit = 0;      // the largest batch that ran (0: not even config.start did)
+  int64_t smallest_oom = 0;     // the smallest batch that did not (0: all fit up to max_batch)
+  int64_t recommended = 0;      // largest_fit with the safety margin, a multiple of multiple_of
+  int64_t best_throughput = 0;  // the batch with the most samples/s among those that fit and were timed
+  double best_samples_per_second = 0;
+  std::vector<BatchTrial> trials;  // in the order tried
+};
+
+// One training step (forward, backward, optimizer) at `batch` samples. Throws an out-of-memory
+// error (amplab::is_out_of_memory) when it does not fit; any other error ends the search.
+using BatchStep = std::function<void(int64_t batch)>;
+// A fake memory limit, injected: decides without running whether `batch` fits (tests, CPU demos).
+// Empty: every batch is run and out-of-memory errors decide.
+using FitsFn = std::function<bool(int64_t batch)>;
+
+// Given: the batch with the most samples/s among trials that fit and were timed (0 and 0 when none).
+std::pair<int64_t, double> best_throughput(const std::vector<BatchTrial>& trials);
+// Given: `value` rounded down to a multiple of `multiple` (at least `multiple`).
+int64_t round_down_to(int64_t value, int64_t multiple);
+
+// TODO(memory_optimization-2): one trial of the search: `fits` (when set) rejects the batch
+// without running it; otherwise config.trial_steps steps of `step(batch)` through your measure()
+// (the first untimed when there are two or more), and after a failure nothing of the failed step
+// may stay behind.
+BatchTrial try_batch(const BatchStep& step, torch::nn::Module& model, torch::Device device, int64_t batch,
+                     const BatchFinderConfig& config, const FitsFn& fits);
+
+// TODO(memory_optimization-2): the largest batch that fits: grow by powers of two, then bisect
+// down to config.multiple_of, recommend it with the safety margin, pick the fastest; the model,
+// optimizer and generators end as they were (`optimizer` may be null).
+BatchSearch find_batch_size(const BatchStep& step, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                            torch::Device device, const BatchFinderConfig& config = {}, const FitsFn& fits = {});
 
 // ---- TODO 3: gradient accumulation ------------------------------------------------------------
 
@@ -130,15 +185,33 @@ torch::Tensor accumulate_gradients(amplab::Trainer& trainer, const amplab::Micro
 // Given: `batch` as micro-batches of at most `micro_batch` rows (the last may be smaller).
 amplab::MicroBatches split_batch(const amplab::Batch& batch, int64_t micro_batch);
 
-// ---- TODO 4: activation checkpointing is in DeepMlpImpl::run_blocks ---------------------------
+// ---- TODO 4 and 5: activation checkpointing ------------------------------------------------------
 
-// ---- TODO 5: comparing ------------------------------------------------------------------------
+// A segment of a network: one tensor in, one out (the residual blocks between two kept boundaries).
+using Segment = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// TODO(memory_optimization-4): runs `segment` on `input` keeping none of its activations for
+// backward, only `input` itself; when backward reaches it, the segment runs again (with the
+// random numbers and the autocast state its forward saw) and the gradients flow on from there.
+// `parameters` are every tensor requiring grad that the segment uses besides its input: each
+// gets its gradient in .grad as without checkpointing. Without grad mode, or when nothing
+// requires grad, the segment simply runs. preserve_rng_state = false replays without restoring
+// the random generators (to see dropout's gradients go wrong).
+torch::Tensor checkpoint(const Segment& segment, const torch::Tensor& input, const std::vector<torch::Tensor>& parameters,
+                         bool preserve_rng_state = true);
+
+// TODO(memory_optimization-5): the blocks of `sequential` in turn, keeping activations only at
+// every `every`-th block boundary (every <= 0: all of them). What DeepMlp::run_blocks runs when
+// checkpoint_every > 0.
+torch::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, const torch::Tensor& input, int64_t every);
+
+// ---- TODO 7: comparing ------------------------------------------------------------------------
 
 struct Comparison {
   double memory_saving = 0;  // baseline peak / this peak: 2 means half the memory (0: not comparable)
   double time_overhead = 0;  // this step time / the baseline's - 1: 0.3 means 30% slower (0: not comparable)
 };
-// TODO(memory_optimization-5): how `candidate` compares with `baseline` (peak allocated memory
+// TODO(memory_optimization-7): how `candidate` compares with `baseline` (peak allocated memory
 // and step time). Both stay 0 when either did not fit or has no peak or time.
 Comparison compare(const Measurement& baseline, const Measurement& candidate);
 

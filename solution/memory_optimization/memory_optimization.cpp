@@ -1,4 +1,6 @@
-// Lab 3, memory optimization. Each TODO below is one exercise; see labs/memory_optimization/README.md.
+// Lab 3, memory optimization: the model (given), measuring, the estimate, accumulation, the
+// checkpointed blocks and the comparison. The batch finder is batch_finder.cpp, checkpointing
+// checkpointing.cpp. Each TODO is one exercise; see labs/memory_optimization/README.md.
 #include "memory_optimization.hpp"
 
 #include <algorithm>
@@ -57,8 +59,25 @@ amplab::Batch make_batch(int64_t size, const torch::Tensor& teacher, torch::Devi
   return {x, y};
 }
 
+// TODO(memory_optimization-6): count bytes, as the allocator would be asked for them.
+//  fixed: the parameters (count them from the shapes: each block has a layer norm's weight and
+//    bias, two Linears' weights and biases; then the final norm and the head) in fp32, as many
+//    again for their gradients, once more per momentum buffer; under autocast (fp16/bf16-mixed)
+//    one 2-byte copy of every weight, cached for the step.
+//  per_sample: what backward needs of each sample. Per block, the tensors autograd saves: its
+//    input (kept by the layer norm), the norm's output (kept by fc1), fc1's output (kept by the
+//    GELU), the GELU's output (kept by fc2), and dropout's mask when there is dropout. Under
+//    autocast, find out which of those are half precision (the residual stream stays fp32; the
+//    matmuls' inputs and outputs are half). With checkpointing every k blocks, only each
+//    checkpointed segment's input is kept, plus, during backward, one segment's activations
+//    recomputed (the larger of a full segment and the last, unchecked one). Add the head's
+//    activations and what is in flight during backward (the gradients of the widest activations,
+//    the input batch).
+// Check yourself against the allocator's peak (the lab binary prints both); the tests allow a
+// margin.
 MemoryEstimate estimate_memory(const DeepMlpOptions& o, amplab::Precision precision, int64_t checkpoint_every,
                                bool momentum) {
+  // BEGIN SOLUTION
   const int64_t w = o.width, h = o.expansion * o.width, depth = o.depth;
   const int64_t parameters = depth * (2 * w + w * h + h + h * w + w) + 2 * w + w * o.classes + o.classes;
   const bool half = amplab::is_mixed(precision);
@@ -82,24 +101,27 @@ MemoryEstimate estimate_memory(const DeepMlpOptions& o, amplab::Precision precis
   const int64_t in_flight = 2 * (half ? 2 : 4) * h + 4 * w + 4 * w;  // gradients of activations during backward, the input
   e.per_sample = kept + head + in_flight;
   return e;
+  // END SOLUTION
 }
 
 // ---- TODO 1: measuring --------------------------------------------------------------------------
 
+// TODO(memory_optimization-1): measures `warmup` untimed then `steps` timed calls of `step`
+// (each timed by itself, with an amplab::DeviceTimer: CUDA events on a GPU) and the peak memory
+// from the first call to the last (amplab::read_memory's peak_allocated and peak_reserved,
+// bytes; 1 MiB = 2^20), starting clean: free the allocator's cached blocks first (earlier work
+// would count as reserved) and reset the peaks. Running out of memory is a result, not an error:
+// fits = false with error = amplab::oom_summary(e) (amplab::is_out_of_memory tells an OOM from
+// other errors, which propagate), and the blocks the failed step left cached are freed so the
+// next attempt starts from the same memory. m.step_ms is the median, timed_steps the count;
+// warmup < 0 or steps < 1: an amplab::Error.
+// Pitfall: an exception leaves its tensors alive until it is destroyed; free the cache after the
+// catch block has ended, not inside it.
 Measurement measure(const std::function<void()>& step, torch::Device device, int warmup, int steps) {
+  // BEGIN SOLUTION
   if (warmup < 0 || steps < 1) throw amplab::Error("measure: need warmup >= 0 and steps >= 1");
   Measurement m;
   std::vector<double> ms;  // one entry per timed step
-  // TODO(memory_optimization-1): Start clean: amplab::free_cached_memory(device) (the allocator's
-  // cached blocks from earlier work would otherwise count as reserved) and
-  // amplab::reset_peak_memory(device). Then, inside try: `warmup` calls of step(), then
-  // amplab::synchronize(device), then `steps` calls each bracketed by an amplab::DeviceTimer
-  // (start(); step(); ms.push_back(stop_ms())), and m.fits = true. Catch const std::exception& e:
-  // when amplab::is_out_of_memory(e), set m.error = amplab::oom_summary(e) and free the cache
-  // (what the failed step left cached); any other error: rethrow (`throw;`). In both cases read
-  // the peaks afterwards with amplab::read_memory(device): peak_allocated and peak_reserved are in
-  // bytes (1 MiB = 2^20 bytes).
-  // BEGIN SOLUTION
   amplab::free_cached_memory(device);
   amplab::reset_peak_memory(device);
   try {
@@ -115,104 +137,17 @@ Measurement measure(const std::function<void()>& step, torch::Device device, int
   } catch (const std::exception& e) {
     if (!amplab::is_out_of_memory(e)) throw;
     m.error = amplab::oom_summary(e);
-    amplab::free_cached_memory(device);
   }
+  if (!m.fits) amplab::free_cached_memory(device);  // the exception (and what it held) is gone by now
   amplab::MemoryReading reading = amplab::read_memory(device);
   m.peak_allocated_mib = static_cast<double>(reading.peak_allocated) / (1 << 20);
   m.peak_reserved_mib = static_cast<double>(reading.peak_reserved) / (1 << 20);
-  // END SOLUTION
   if (m.fits) {
     m.step_ms = amplab::summarize(ms).median;
     m.timed_steps = static_cast<int>(ms.size());
   }
   return m;
-}
-
-// ---- TODO 2: the batch-size search --------------------------------------------------------------
-
-amplab::BatchTrial try_batch(const amplab::BatchStep& step, torch::nn::Module& model, torch::Device device,
-                             int64_t batch, const amplab::BatchFinderConfig& config, const amplab::FitsFn& fits) {
-  amplab::BatchTrial trial;
-  trial.batch = batch;
-  if (fits && !fits(batch)) {
-    trial.error = "over the memory limit (injected check)";
-    return trial;
-  }
-  trial.ran = true;
-  const int warmup = config.trial_steps > 1 ? 1 : 0;  // the first step creates the optimizer state
-  Measurement m = measure([&] { step(batch); }, device, warmup, static_cast<int>(config.trial_steps) - warmup);
-  trial.fits = m.fits;
-  trial.error = m.error;
-  trial.peak_allocated_mib = m.peak_allocated_mib;
-  trial.peak_reserved_mib = m.peak_reserved_mib;
-  trial.step_ms = m.step_ms;
-  if (m.fits && m.step_ms > 0) trial.samples_per_second = static_cast<double>(batch) / (m.step_ms / 1e3);
-  if (!m.fits) model.zero_grad(/*set_to_none=*/true);  // gradients half written by the failed backward
-  return trial;
-}
-
-amplab::BatchSearch find_batch_size(const amplab::BatchStep& step, torch::nn::Module& model,
-                                    torch::optim::Optimizer* optimizer, torch::Device device,
-                                    const amplab::BatchFinderConfig& config, const amplab::FitsFn& fits) {
-  if (config.start < 1 || config.multiple_of < 1 || config.max_batch < 1 || config.trial_steps < 1)
-    throw amplab::Error("find_batch_size: start, multiple_of, max_batch and trial_steps must be at least 1");
-  amplab::BatchSearch search;
-  // TODO(memory_optimization-2): The search.
-  // 1. Take an amplab::TrainingSnapshot(model, optimizer) first; after every trial call its
-  //    restore(), so that each trial starts from the same state and none leaks into training
-  //    (host copies: the snapshot takes no GPU memory from the trials).
-  // 2. Every batch you try is a multiple of m = config.multiple_of and at most
-  //    amplab::round_down_to(config.max_batch, m). Try batches with try_batch(...) and keep every
-  //    trial, in order, in search.trials.
-  // 3. Grow: start at config.start rounded up to a multiple of m; while it fits and is below the
-  //    maximum, double it (capped at the maximum). lo = the largest batch that fit so far (0: none),
-  //    hi = the first that did not (0: none).
-  // 4. Bisect while hi > 0 and hi - lo > m: mid = lo + (hi - lo) / 2 rounded down to a multiple
-  //    of m (at least lo + m); it fits -> lo = mid, else hi = mid.
-  // 5. search.largest_fit = lo, search.smallest_oom = hi. When lo > 0: search.recommended =
-  //    floor(lo * (1 - config.safety_margin)) rounded down to a multiple of m (round_down_to),
-  //    and at most lo.
-  // 6. search.best_throughput / best_samples_per_second: amplab::best_throughput(search.trials).
-  // If a trial throws (an error other than out-of-memory), restore the snapshot and rethrow.
-  // BEGIN SOLUTION
-  const int64_t m = config.multiple_of;
-  const int64_t max_batch = amplab::round_down_to(config.max_batch, m);
-  amplab::TrainingSnapshot snapshot(model, optimizer);
-  auto attempt = [&](int64_t batch) {
-    search.trials.push_back(try_batch(step, model, device, batch, config, fits));
-    snapshot.restore();
-    return search.trials.back().fits;
-  };
-  try {
-    int64_t lo = 0, hi = 0;
-    int64_t batch = std::min((config.start + m - 1) / m * m, max_batch);
-    while (true) {
-      if (!attempt(batch)) {
-        hi = batch;
-        break;
-      }
-      lo = batch;
-      if (batch >= max_batch) break;
-      batch = std::min(2 * batch, max_batch);
-    }
-    while (hi > 0 && hi - lo > m) {
-      int64_t mid = std::max(lo + m, (lo + (hi - lo) / 2) / m * m);
-      if (mid >= hi) break;
-      (attempt(mid) ? lo : hi) = mid;
-    }
-    search.largest_fit = lo;
-    search.smallest_oom = hi;
-  } catch (...) {
-    snapshot.restore();
-    throw;
-  }
-  if (search.largest_fit > 0) {
-    auto with_margin = static_cast<int64_t>(std::floor(static_cast<double>(search.largest_fit) * (1.0 - config.safety_margin)));
-    search.recommended = std::min(search.largest_fit, amplab::round_down_to(with_margin, m));
-  }
-  std::tie(search.best_throughput, search.best_samples_per_second) = amplab::best_throughput(search.trials);
   // END SOLUTION
-  return search;
 }
 
 // ---- TODO 3: gradient accumulation --------------------------------------------------------------
@@ -256,60 +191,60 @@ torch::Tensor accumulate_gradients(amplab::Trainer& trainer, const amplab::Micro
   // END SOLUTION
 }
 
-// ---- TODO 4: activation checkpointing -----------------------------------------------------------
+// ---- TODO 5: the blocks in checkpointed segments ------------------------------------------------
 
 torch::Tensor DeepMlpImpl::run_blocks(const torch::Tensor& input) {
-  torch::Tensor x = input;
-  // Without checkpointing, or without a graph to save memory in (evaluation): block after block.
-  if (checkpoint_every <= 0 || !torch::GradMode::is_enabled()) {
-    for (auto& block : *blocks) x = block.forward(x);
-    return x;
-  }
-  // TODO(memory_optimization-4): Keep activations only at every checkpoint_every-th block
-  // boundary. Cut the blocks into segments [begin, begin + checkpoint_every); run each segment but
-  // the last through amplab::checkpoint(segment, x, parameters): `segment` is a function
-  // Tensor -> Tensor running blocks begin..end-1 in turn ((seq->begin() + i)->forward(t), with
-  // seq = blocks.ptr() captured by value, not `this`: backward calls the segment again later), and
-  // `parameters` lists every parameter of those blocks ((seq->begin() + i)->ptr()->parameters()):
-  // a parameter left out gets no gradient. Run the last segment (the blocks from the last `begin` to the end) normally:
-  // its backward comes first, so recomputing it would save nothing. (amplab::checkpoint_sequential
-  // does all this; write it yourself here.)
-  // BEGIN SOLUTION
-  std::shared_ptr<torch::nn::SequentialImpl> seq = blocks.ptr();
-  const auto depth = static_cast<int64_t>(seq->size());
-  int64_t begin = 0;
-  for (; begin + checkpoint_every < depth; begin += checkpoint_every) {
-    const int64_t end = begin + checkpoint_every;
-    std::vector<torch::Tensor> parameters;
-    for (int64_t i = begin; i < end; ++i)
-      for (const auto& p : (seq->begin() + i)->ptr()->parameters()) parameters.push_back(p);
-    auto segment = [seq, begin, end](const torch::Tensor& t) {
-      torch::Tensor y = t;
-      for (int64_t i = begin; i < end; ++i) y = (seq->begin() + i)->forward(y);
-      return y;
-    };
-    x = amplab::checkpoint(segment, x, parameters);
-  }
-  for (int64_t i = begin; i < depth; ++i) x = (seq->begin() + i)->forward(x);
-  // END SOLUTION
+  if (checkpoint_every > 0 && torch::GradMode::is_enabled()) return checkpoint_sequential(blocks, input, checkpoint_every);
+  torch::Tensor x = input;  // without checkpointing, or without a graph to save memory in (evaluation)
+  for (auto& block : *blocks) x = block.forward(x);
   return x;
 }
 
-// ---- TODO 5: comparing --------------------------------------------------------------------------
-
-Comparison compare(const Measurement& baseline, const Measurement& candidate) {
-  Comparison c;
-  // TODO(memory_optimization-5): When both fit and have a positive peak_allocated_mib and
-  // step_ms: memory_saving = baseline peak / candidate peak, time_overhead = candidate step_ms /
-  // baseline step_ms - 1. Otherwise leave both 0.
+// TODO(memory_optimization-5): the blocks of `sequential` in turn, keeping activations only at
+// every `every`-th block boundary: cut them into segments of `every` blocks and run each segment
+// but the last through your checkpoint() (TODO 4), with every parameter of its blocks; run the last
+// segment plainly, since its backward comes first and recomputing it would save nothing (PyTorch's
+// checkpoint_sequential does the same). every <= 0: no checkpointing at all.
+// Pitfalls: backward calls a segment again later, so what it captures must outlive this call
+// (the Sequential's shared pointer, not a reference); a parameter left out of the list gets no
+// gradient.
+torch::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, const torch::Tensor& input, int64_t every) {
   // BEGIN SOLUTION
+  std::shared_ptr<torch::nn::SequentialImpl> seq = sequential.ptr();
+  const auto depth = static_cast<int64_t>(seq->size());
+  auto run = [seq](int64_t begin, int64_t end, torch::Tensor x) {
+    for (int64_t i = begin; i < end; ++i) x = (seq->begin() + i)->forward(x);
+    return x;
+  };
+  if (every <= 0) return run(0, depth, input);
+  torch::Tensor x = input;
+  int64_t begin = 0;
+  for (; begin + every < depth; begin += every) {
+    const int64_t end = begin + every;
+    std::vector<torch::Tensor> parameters;
+    for (int64_t i = begin; i < end; ++i)
+      for (const auto& p : (seq->begin() + i)->ptr()->parameters()) parameters.push_back(p);
+    x = checkpoint([run, begin, end](const torch::Tensor& t) { return run(begin, end, t); }, x, parameters);
+  }
+  return run(begin, depth, x);
+  // END SOLUTION
+}
+
+// ---- TODO 7: comparing -----------------------------------------------------------------------
+
+// TODO(memory_optimization-7): when both fit and have a positive peak_allocated_mib and step_ms:
+// memory_saving = baseline peak / candidate peak, time_overhead = candidate step_ms / baseline
+// step_ms - 1. Otherwise both stay 0.
+Comparison compare(const Measurement& baseline, const Measurement& candidate) {
+  // BEGIN SOLUTION
+  Comparison c;
   if (baseline.fits && candidate.fits && baseline.peak_allocated_mib > 0 && candidate.peak_allocated_mib > 0 &&
       baseline.step_ms > 0 && candidate.step_ms > 0) {
     c.memory_saving = baseline.peak_allocated_mib / candidate.peak_allocated_mib;
     c.time_overhead = candidate.step_ms / baseline.step_ms - 1.0;
   }
-  // END SOLUTION
   return c;
+  // END SOLUTION
 }
 
 }  // namespace memory_optimization

@@ -6,11 +6,9 @@
 
 #include <ATen/ops/_fused_adamw.h>
 
-#include "amplab/activation_checkpoint.hpp"
 #include "amplab/cuda/fused_adamw_launch.hpp"
 #include "amplab/fused_layers.hpp"
 #include "amplab/models.hpp"
-#include "amplab/batch_finder.hpp"
 #include "amplab/cuda_graph.hpp"
 #include "amplab/device.hpp"
 #include "amplab/gpu_monitor.hpp"
@@ -442,96 +440,6 @@ TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {
   EXPECT_TRUE(test::tensors_close(losses[0], losses[1], 1e-3, 1e-3));
   for (size_t i = 0; i < grads[0].size(); ++i)
     EXPECT_TRUE(test::tensors_close(grads[0][i], grads[1][i], 5e-2, 2e-3)) << net->named_parameters()[i].key();
-}
-
-// ---- Memory levers on the GPU ---------------------------------------------------------------------
-
-// Lifts a memory cap when the test ends, whatever happens.
-struct CapGuard {
-  CapGuard(int64_t bytes) { limit_device_memory(kGpu, bytes); }
-  ~CapGuard() { limit_device_memory(kGpu, 0); }
-};
-
-// Checkpointing every block of a deep MLP stack: same gradients (CUDA's generator replayed for
-// dropout), at most half the peak memory measured by the caching allocator.
-TEST(GpuCheckpoint, SameGradientsAndLessThanHalfThePeak_CUDA) {
-  AMPLAB_REQUIRE_CUDA();
-  torch::manual_seed(0);
-  const int64_t depth = 12, width = 512, batch = 4096;
-  auto plain = test::residual_mlp_blocks(depth, width, 0.1), ckpt = test::residual_mlp_blocks(depth, width, 0.1);
-  {
-    torch::NoGradGuard g;
-    for (size_t i = 0; i < plain->parameters().size(); ++i) ckpt->parameters()[i].copy_(plain->parameters()[i]);
-  }
-  plain->to(kGpu);
-  ckpt->to(kGpu);
-  auto x = torch::randn({batch, width}, kGpu);
-  auto run = [&](torch::nn::Sequential& net, int64_t every) {
-    free_cached_memory(kGpu);
-    synchronize(kGpu);
-    reset_peak_memory(kGpu);
-    const int64_t before = read_memory(kGpu).allocated;
-    torch::manual_seed(5);
-    checkpoint_sequential(net, x, every).pow(2).mean().backward();
-    synchronize(kGpu);
-    return read_memory(kGpu).peak_allocated - before;
-  };
-  const int64_t plain_peak = run(plain, 0);
-  const int64_t ckpt_peak = run(ckpt, 1);
-  EXPECT_LT(2 * ckpt_peak, plain_peak) << "peak above the weights: " << ckpt_peak << " bytes checkpointed vs "
-                                       << plain_peak << " plain";
-  for (size_t i = 0; i < plain->parameters().size(); ++i)
-    EXPECT_TRUE(test::tensors_close(ckpt->parameters()[i].grad(), plain->parameters()[i].grad(), 1e-4, 1e-6))
-        << "parameter " << i;
-}
-
-TEST(GpuMemory, ACapMakesAllocationsFailAsOutOfMemory_CUDA) {
-  AMPLAB_REQUIRE_CUDA();
-  free_cached_memory(kGpu);
-  {
-    CapGuard cap(int64_t{512} << 20);  // 512 MiB
-    bool caught = false;
-    try {
-      auto big = torch::empty({int64_t{1} << 28}, torch::TensorOptions().device(kGpu));  // 1 GiB
-    } catch (const std::exception& e) {
-      caught = true;
-      EXPECT_TRUE(is_out_of_memory(e)) << e.what();
-      EXPECT_EQ(oom_summary(e).find('\n'), std::string::npos);
-    }
-    EXPECT_TRUE(caught) << "a 1 GiB tensor under a 512 MiB cap";
-  }
-  free_cached_memory(kGpu);
-  auto big = torch::empty({int64_t{1} << 28}, torch::TensorOptions().device(kGpu));  // the cap is lifted
-  EXPECT_EQ(big.numel(), int64_t{1} << 28);
-}
-
-// Under a 1 GiB cap the finder brackets the limit to its resolution and leaves the model as it was.
-TEST(GpuBatchFinder, BracketsTheLimitUnderACap_CUDA) {
-  AMPLAB_REQUIRE_CUDA();
-  torch::manual_seed(0);
-  auto net = test::residual_mlp_blocks(4, 256, 0.0);
-  net->to(kGpu);
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto before = net->parameters()[0].detach().clone();
-  BatchFinderConfig config;
-  config.start = 256;
-  config.multiple_of = 64;
-  config.trial_steps = 2;
-  free_cached_memory(kGpu);
-  BatchSearch search;
-  {
-    CapGuard cap(int64_t{1} << 30);
-    search = find_batch_size([&](int64_t b) {
-      sgd.zero_grad();
-      net->forward(torch::randn({b, 256}, kGpu)).pow(2).mean().backward();
-      sgd.step();
-    }, *net, &sgd, kGpu, config);
-  }
-  EXPECT_GT(search.largest_fit, 0);
-  EXPECT_EQ(search.smallest_oom, search.largest_fit + 64);
-  EXPECT_GT(search.best_throughput, 0);
-  EXPECT_TRUE(test::tensors_equal(net->parameters()[0], before));
-  EXPECT_TRUE(sgd.state().empty());
 }
 
 TEST(GpuMonitorCuda, ReadsTheClockAndPowerWhileMatmulsRun_CUDA) {

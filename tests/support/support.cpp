@@ -1,5 +1,7 @@
 #include "support.hpp"
 
+#include <c10/util/Exception.h>
+
 #include <torch/torch.h>
 
 #include <c10/core/Allocator.h>
@@ -28,9 +30,14 @@ class CountingAllocator final : public c10::Allocator {
  public:
   static constexpr size_t kHeader = 64;  // bytes; c10's alignment
   std::atomic<int64_t> current{0}, peak{0};
+  std::atomic<int64_t> limit{0};         // bytes; an allocation past it throws (0: none)
   c10::Allocator* previous = nullptr;    // put back by ~CpuAllocationCounter
 
   c10::DataPtr allocate(size_t bytes) override {
+    const int64_t cap = limit.load();
+    if (cap > 0 && current.load() + static_cast<int64_t>(bytes) > cap)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory (test limit). Tried to allocate ", bytes,
+                       " bytes with ", current.load(), " of ", cap, " in use");
     auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
     *reinterpret_cast<size_t*>(base) = bytes;
     const auto n = static_cast<int64_t>(bytes);
@@ -72,10 +79,16 @@ CpuAllocationCounter::CpuAllocationCounter() {
   counter.previous = c10::GetCPUAllocator();
   counter.current = 0;
   counter.peak = 0;
+  counter.limit = 0;
   c10::SetCPUAllocator(&counter, kCounterPriority);
 }
 
-CpuAllocationCounter::~CpuAllocationCounter() { c10::SetCPUAllocator(counting_allocator().previous, kCounterPriority); }
+CpuAllocationCounter::~CpuAllocationCounter() {
+  counting_allocator().limit = 0;
+  c10::SetCPUAllocator(counting_allocator().previous, kCounterPriority);
+}
+
+void CpuAllocationCounter::set_limit(int64_t bytes) { counting_allocator().limit = bytes; }
 
 int64_t CpuAllocationCounter::current() const { return counting_allocator().current.load(); }
 int64_t CpuAllocationCounter::peak() const { return counting_allocator().peak.load(); }

@@ -51,6 +51,9 @@ class CpuAllocationCounter {
   int64_t current() const;  // bytes allocated and not yet freed
   int64_t peak() const;     // the most bytes at once since construction or reset_peak()
   void reset_peak();        // peak = current
+  // A memory limit: an allocation that would take the current bytes past it throws the
+  // allocator's c10::OutOfMemoryError, as a full GPU does (0: no limit).
+  void set_limit(int64_t bytes);
 };
 
 // `depth` transformer-style MLP blocks, x + fc2(dropout(gelu(fc1(layer_norm(x))))) with fc1

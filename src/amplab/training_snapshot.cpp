@@ -1,4 +1,4 @@
-#include "amplab/batch_finder.hpp"
+#include "amplab/training_snapshot.hpp"
 
 #include <ATen/Context.h>
 #include <torch/optim/adam.h>
@@ -7,14 +7,10 @@
 #include <torch/serialize/archive.h>  // other optimizers' state, through their own save/load
 
 #include <algorithm>
-#include <cmath>
 #include <mutex>
 #include <sstream>
 
-#include "amplab/device.hpp"
 #include "amplab/error.hpp"
-#include "amplab/memory.hpp"
-#include "amplab/timing.hpp"
 
 namespace amplab {
 
@@ -35,10 +31,6 @@ void set_generator_state(c10::Device device, const torch::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
-
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
-int64_t round_up_to(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 // A copy of a known per-parameter optimizer state with its tensors copied to `device`; nullptr for
 // a state type not known here.
@@ -74,8 +66,6 @@ std::vector<torch::Tensor> optimizer_parameters(torch::optim::Optimizer& optimiz
 }
 
 }  // namespace
-
-int64_t round_down_to(int64_t value, int64_t multiple) { return std::max(multiple, value / multiple * multiple); }
 
 // ---- TrainingSnapshot -------------------------------------------------------------------------
 
@@ -153,104 +143,6 @@ void TrainingSnapshot::restore() {
   }
   set_generator_state(c10::Device(c10::kCPU), cpu_rng_);
   for (const auto& [index, state] : cuda_rng_) set_generator_state(c10::Device(c10::kCUDA, index), state);
-}
-
-// ---- The search -------------------------------------------------------------------------------
-
-std::pair<int64_t, double> best_throughput(const std::vector<BatchTrial>& trials) {
-  std::pair<int64_t, double> best{0, 0.0};
-  for (const auto& t : trials)
-    if (t.fits && t.step_ms > 0 && t.samples_per_second > best.second) best = {t.batch, t.samples_per_second};
-  return best;
-}
-
-namespace {
-
-BatchTrial run_trial(const BatchStep& step, torch::nn::Module& model, torch::Device device, int64_t batch,
-                     const BatchFinderConfig& config, const FitsFn& fits) {
-  BatchTrial trial;
-  trial.batch = batch;
-  if (fits && !fits(batch)) {
-    trial.error = "over the memory limit (injected check)";
-    return trial;
-  }
-  trial.ran = true;
-  if (config.free_cache) free_cached_memory(device);
-  reset_peak_memory(device);
-  const int64_t warmup = config.trial_steps > 1 ? 1 : 0;  // step 1 creates the optimizer state
-  std::vector<double> ms;
-  try {
-    for (int64_t i = 0; i < warmup; ++i) step(batch);
-    synchronize(device);
-    DeviceTimer timer(device);
-    for (int64_t i = warmup; i < config.trial_steps; ++i) {
-      timer.start();
-      step(batch);
-      ms.push_back(timer.stop_ms());
-    }
-    trial.fits = true;
-  } catch (const std::exception& e) {
-    if (!is_out_of_memory(e)) throw;
-    trial.error = oom_summary(e);
-  }
-  MemoryReading reading = read_memory(device);
-  trial.peak_allocated_mib = mib(reading.peak_allocated);
-  trial.peak_reserved_mib = mib(reading.peak_reserved);
-  if (trial.fits) {
-    trial.step_ms = summarize(ms).median;
-    if (trial.step_ms > 0) trial.samples_per_second = static_cast<double>(batch) / (trial.step_ms / 1e3);
-  } else {
-    model.zero_grad(/*set_to_none=*/true);  // gradients half written by the failed backward
-    free_cached_memory(device);             // blocks cached for the failed attempt
-  }
-  return trial;
-}
-
-}  // namespace
-
-BatchSearch find_batch_size(const BatchStep& step, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                            torch::Device device, const BatchFinderConfig& config, const FitsFn& fits) {
-  if (config.start < 1 || config.multiple_of < 1 || config.max_batch < 1 || config.trial_steps < 1)
-    throw Error("find_batch_size: start, multiple_of, max_batch and trial_steps must be at least 1");
-  const int64_t m = config.multiple_of;
-  const int64_t max_batch = round_down_to(config.max_batch, m);
-  BatchSearch search;
-  TrainingSnapshot snapshot(model, optimizer);
-  auto attempt = [&](int64_t batch) {
-    search.trials.push_back(run_trial(step, model, device, batch, config, fits));
-    snapshot.restore();  // every trial starts from the state before the search
-    return search.trials.back().fits;
-  };
-  try {
-    // 1. Grow by powers of two until a batch does not fit (or max_batch fits).
-    int64_t lo = 0, hi = 0;  // the largest batch that fit, the smallest that did not (0: none yet)
-    for (int64_t batch = std::min(round_up_to(config.start, m), max_batch);; batch = std::min(round_up_to(2 * batch, m), max_batch)) {
-      if (!attempt(batch)) {
-        hi = batch;
-        break;
-      }
-      lo = batch;
-      if (batch >= max_batch) break;
-    }
-    // 2. Bisect between them down to the resolution.
-    while (hi > 0 && hi - lo > m) {
-      int64_t mid = lo + (hi - lo) / 2 / m * m;
-      if (mid <= lo) mid = lo + m;
-      if (mid >= hi) break;
-      (attempt(mid) ? lo : hi) = mid;
-    }
-    search.largest_fit = lo;
-    search.smallest_oom = hi;
-  } catch (...) {
-    snapshot.restore();
-    throw;
-  }
-  if (search.largest_fit > 0) {
-    auto with_margin = static_cast<int64_t>(std::floor(static_cast<double>(search.largest_fit) * (1.0 - config.safety_margin)));
-    search.recommended = std::min(search.largest_fit, round_down_to(with_margin, m));
-  }
-  std::tie(search.best_throughput, search.best_samples_per_second) = best_throughput(search.trials);
-  return search;
 }
 
 }  // namespace amplab
