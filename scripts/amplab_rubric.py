@@ -13,7 +13,7 @@ test to the TODO whose points it carries:
         points: 2
       - test: MnistLearns.FashionMnistSubsetAboveSeventyPercent
         todo: mnist-3
-        also_needs: [mnist-1, mnist-2]   # other TODOs it runs through: it fails when any is empty
+        also_needs: [mnist-1, mnist-2]   # an end-to-end test: the student's code for these TODOs too
         points: 6
         time_limit_s: 300
       - test: Mnist1_Placement.ModelAndBatchOnTheGpu_CUDA
@@ -47,7 +47,8 @@ VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 FIELDS = {
     "test": "the GoogleTest name, Suite.Test (with the Prefix/ and /suffix of parameterized tests)",
     "todo": "the TODO id whose points these are, <lab>-<n>",
-    "also_needs": "other TODO ids the test runs through (it fails when any of them is empty)",
+    "also_needs": "other TODO ids whose student code the test runs too (end-to-end tests); without it a test "
+                  "runs the student's code for its own TODO only, the reference for the rest",
     "points": "points for passing (a number >= 0)",
     "time_limit_s": "seconds before the test's process is killed (default 60)",
     "gpus": "GPUs the test needs (default 0); without them it is reported 'needs GPU' and not scored",
@@ -103,7 +104,7 @@ class RubricTest:
 
     @property
     def todos(self):
-        """Every TODO whose emptiness fails this test: its own first."""
+        """The TODOs whose student code this test runs (its own first): the grader's AMPLAB_STUDENT_TODOS."""
         return [self.todo] + [t for t in self.also_needs if t != self.todo]
 
 
@@ -284,7 +285,7 @@ class Outcome:
     fraction: float | None = None  # the points_fraction the test recorded (partial tests), clamped to 0..1
 
 
-NOT_IMPLEMENTED = re.compile(r"TODO\(([a-z0-9_]+-\d+)\) is not implemented yet")
+NOT_IMPLEMENTED = re.compile(r"TODO\(([a-z0-9_]+-\d+)\) is not implemented yet( \([^)]*\))?")
 
 
 def first_line(failure_text):
@@ -294,7 +295,7 @@ def first_line(failure_text):
         return "failed"
     todo = NOT_IMPLEMENTED.search(failure_text)
     if todo:
-        return f"TODO({todo.group(1)}) is not implemented yet"
+        return f"TODO({todo.group(1)}) is not implemented yet{todo.group(2) or ''}"
     where, rest = lines[0], lines[1:]
     where = where if where != "unknown file" else ""
     if re.match(r".*:\d+$", where):

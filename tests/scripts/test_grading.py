@@ -145,5 +145,84 @@ class StudentFiles(unittest.TestCase):
             self.assertEqual((dest / "lab" / "b.cpp").read_text(), "int b2;\n")
 
 
+
+_starter_loader = importlib.machinery.SourceFileLoader("make_starter", str(SCRIPTS / "make-starter.py"))
+make_starter = importlib.util.module_from_spec(importlib.util.spec_from_loader("make_starter", _starter_loader))
+_starter_loader.exec_module(make_starter)
+
+SOLUTION = textwrap.dedent("""\
+    int given() { return 1; }
+
+    // TODO(lab-1): one.
+    int one() {
+      // BEGIN SOLUTION
+      return 1;
+      // END SOLUTION
+    }
+
+    // TODO(lab-2): two.
+    int two(int x) {
+      // BEGIN SOLUTION
+      int y = x + 1;
+      return y;
+      // END SOLUTION
+    }
+    """)
+
+
+class MergedSources(unittest.TestCase):
+    """make-starter.py --merge: each TODO's body switchable between the student's and the reference."""
+
+    def merged(self, student):
+        return make_starter.merged_text(SOLUTION, "solution/lab/x.cpp", student, "starter/lab/x.cpp", "student")
+
+    def test_each_hole_gets_the_students_code_and_the_reference(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        student = starter.replace('  AMPLAB_TODO("lab-2");\n', "  // mine\n  return x * 2;\n")
+        student += "static int helper() { return 3; }\n"  # their own code outside the holes stays
+        text = self.merged(student)
+        self.assertIn('if (amplab_student_todo("lab-1")) {\n#line', text)
+        self.assertIn('AMPLAB_TODO("lab-1");', text)  # untouched: their (empty) hole
+        self.assertIn("return x * 2;", text)
+        self.assertIn("int y = x + 1;", text)  # the reference's, in the else branch
+        self.assertIn("static int helper()", text)
+        self.assertIn('#line 6 "solution/lab/x.cpp"', text)  # reference lines point at the solution
+
+    def test_ambiguous_edits_are_refused(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        mangled = starter.replace("int given() { return 1; }", "int given() { return 2; }").replace(
+            '  AMPLAB_TODO("lab-1");\n}\n', "  return given();\n}\n")
+        mangled = mangled.replace("int one() {\n", "int one() {  // changed signature line\n")
+        with self.assertRaises(make_starter.MergeError):
+            self.merged(mangled.replace('int two(int x) {\n  AMPLAB_TODO("lab-2");\n}', "int two(int x) { return 0; }")
+                        .replace("int one() {  // changed signature line\n  return given();\n}\n\n// TODO(lab-2): two.\n",
+                                 "int one() { return two(1); }\n"))
+
+
+class Reports(unittest.TestCase):
+    def test_clip_keeps_the_start_and_says_where_it_cut(self):
+        text = "first failure\n" + "x" * 100
+        clipped = grade.clip(text, 20, "logs/t.log")
+        self.assertTrue(clipped.startswith("first failure"))
+        self.assertIn("cut here: 94 more characters; the whole output is in logs/t.log", clipped)
+        self.assertEqual(grade.clip("short", 20), "short")
+
+    def test_merge_counts_each_test_once_from_the_pass_that_ran_it(self):
+        def test(name, result, score, max_score):
+            return {"name": name, "score": score, "max_score": max_score, "status": "passed" if score else "failed",
+                    "extra_data": {"lab": "lab", "test": name, "result": result}}
+        cpu = {"tests": [test("A.cpu", "passed", 2, 2), test("B.gpu_CUDA", "needs_gpu", 0, 0)]}
+        gpu = {"tests": [test("A.cpu", "passed", 2, 2), test("B.gpu_CUDA", "failed", 0, 3)]}
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            (tmp / "cpu.json").write_text(json.dumps(cpu))
+            (tmp / "gpu.json").write_text(json.dumps(gpu))
+            grade.merge_results([tmp / "cpu.json", tmp / "gpu.json"], tmp / "out")
+            merged = json.loads((tmp / "out" / "results.json").read_text())
+        self.assertEqual([t["name"] for t in merged["tests"]], ["A.cpu", "B.gpu_CUDA"])
+        self.assertEqual(merged["score"], 2)
+        self.assertEqual(sum(t["max_score"] for t in merged["tests"]), 5)
+
+
 if __name__ == "__main__":
     unittest.main()
