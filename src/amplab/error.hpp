@@ -28,23 +28,34 @@ class PeerLost : public Error {
   using Error::Error;
 };
 
-// Thrown by every unfilled hole of a lab's starter code; `todo_id` is like "mnist-2".
+// Thrown by every unfilled hole of a lab's starter code; `todo_id` is like "mnist-2". The message
+// names the TODO, the function and the file it is in, and where its lab's hand-out is.
 class NotImplemented : public Error {
  public:
-  explicit NotImplemented(const std::string& todo_id)
-      : Error("TODO(" + todo_id + ") is not implemented yet: fill in the body marked '// TODO(" +
-              todo_id + ")' in starter/ (see the lab's README.md)"),
-        todo_id_(todo_id) {}
+  explicit NotImplemented(const std::string& todo_id, const std::string& file = "", const std::string& function = "")
+      : Error(message(todo_id, file, function)), todo_id_(todo_id) {}
   const std::string& todo_id() const { return todo_id_; }
 
  private:
+  static std::string message(const std::string& todo_id, std::string file, const std::string& function) {
+    // "...amplab/starter/amp_training/grad_scaler.cpp" -> "starter/amp_training/grad_scaler.cpp"
+    for (const char* root : {"/starter/", "/student-src/"}) {
+      auto at = file.rfind(root);
+      if (at != std::string::npos) file = "starter/" + file.substr(at + std::string(root).size());
+    }
+    // "bool amp_training::GradScaler::step(torch::optim::Optimizer&)" -> "amp_training::GradScaler::step"
+    std::string name = function.substr(0, function.find('('));
+    name = name.substr(name.rfind(' ') == std::string::npos ? 0 : name.rfind(' ') + 1);
+    const std::string lab = todo_id.substr(0, todo_id.rfind('-'));
+    std::string where = name.empty() ? "" : " (" + name + (file.empty() ? "" : " in " + file) + ")";
+    return "TODO(" + todo_id + ") is not implemented yet" + where + ": fill in its body, marked '// TODO(" + todo_id +
+           ")' (the hints are above it; the theory is in labs/" + lab + "/README.md)";
+  }
   std::string todo_id_;
 };
 
-}  // namespace amplab
-
 // The body of a starter hole: `AMPLAB_TODO("mnist-2");`
-#define AMPLAB_TODO(id) throw ::amplab::NotImplemented(id)
+#define AMPLAB_TODO(id) throw ::amplab::NotImplemented(id, __FILE__, __PRETTY_FUNCTION__)
 
 // The body of a starter hole in device code (a CUDA kernel), which cannot throw: it does nothing.
 // The kernel's host-side launcher has a hole of the same TODO, whose AMPLAB_TODO names it.
