@@ -60,3 +60,5 @@ class NotImplemented : public Error {
 // The body of a starter hole in device code (a CUDA kernel), which cannot throw: it does nothing.
 // The kernel's host-side launcher has a hole of the same TODO, whose AMPLAB_TODO names it.
 #define AMPLAB_TODO_DEVICE(id) ((void)0)
+
+}  // namespace amplab
