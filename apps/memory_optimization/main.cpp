@@ -799,9 +799,10 @@ int main(int argc, char** argv) {
               << amplab::fixed(mib(lab.parameters * 4), 0) << " MiB fp32)\n";
     auto e = lab.estimate(Precision::fp32, 0);
     std::cout << "estimated need, fp32: " << amplab::fixed(mib(e.fixed), 0)
-              << " MiB fixed (weights, gradients, optimizer state) + " << amplab::fixed(e.per_sample / 1024.0, 1)
-              << " KiB per sample (activations): activations dominate from batch "
-              << (e.per_sample > 0 ? e.fixed / e.per_sample + 1 : 0) << " up\n";
+              << " MiB fixed (weights, optimizer state) + the larger of " << amplab::fixed(mib(e.gradients), 0)
+              << " MiB of gradients (at the optimizer step) and " << amplab::fixed(e.per_sample / 1024.0, 1)
+              << " KiB per sample (activations, when backward starts): the activations are the larger from batch "
+              << (e.per_sample > 0 ? e.gradients / e.per_sample + 1 : 0) << " up\n";
     if (lab.cpu) {
       std::cout << "(CPU run: small cpu_* sizes; memory is the process RSS and the memory limit is simulated ("
                 << amplab::fixed(config.mem.cpu_limit_mib, 0)

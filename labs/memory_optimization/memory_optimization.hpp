@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -78,13 +80,17 @@ torch::Tensor loss_of(DeepMlp& model, const amplab::Batch& batch);
 amplab::Batch make_batch(int64_t size, const torch::Tensor& teacher, torch::Device device);
 
 // TODO(memory_optimization-6): the memory one training step needs, from the shapes alone (what a
-// GPU allocator will be asked for): `fixed` bytes for the model's state, `per_sample` bytes for
-// what the batch adds. The lab binary prints it beside the allocator's measured peak, and on the
-// CPU uses it as a simulated memory limit for the batch finder.
+// GPU allocator will be asked for): `fixed` bytes alive through the whole step, `gradients` bytes
+// alive from backward to the optimizer step, `per_sample` bytes for what the batch adds. The lab
+// binary prints it beside the allocator's measured peak, and on the CPU uses it as a simulated
+// memory limit for the batch finder.
 struct MemoryEstimate {
-  int64_t fixed = 0;       // parameters, gradients, optimizer state, autocast's weight copies
+  int64_t fixed = 0;       // parameters, optimizer state, autocast's weight copies
+  int64_t gradients = 0;   // the parameters' .grad (zero_grad(set_to_none) frees them before forward)
   int64_t per_sample = 0;  // activations kept for backward, plus what backward needs while it runs
-  int64_t at(int64_t batch) const { return fixed + per_sample * batch; }
+  // The activations peak when backward starts, before almost any gradient exists; the gradients
+  // peak at the optimizer step, when the activations are gone. So the two never add up.
+  int64_t at(int64_t batch) const { return fixed + std::max(gradients, per_sample * batch); }
 };
 // momentum: the optimizer keeps one buffer per parameter (SGD with momentum; Adam keeps two: see
 // the README).

@@ -61,9 +61,12 @@ amplab::Batch make_batch(int64_t size, const torch::Tensor& teacher, torch::Devi
 
 // TODO(memory_optimization-6): count bytes, as the allocator would be asked for them.
 //  fixed: the parameters (count them from the shapes: each block has a layer norm's weight and
-//    bias, two Linears' weights and biases; then the final norm and the head) in fp32, as many
-//    again for their gradients, once more per momentum buffer; under autocast (fp16/bf16-mixed)
-//    one 2-byte copy of every weight, cached for the step.
+//    bias, two Linears' weights and biases; then the final norm and the head) in fp32, once more
+//    per momentum buffer; under autocast (fp16/bf16-mixed) one 2-byte copy of every weight,
+//    cached for the step.
+//  gradients: one fp32 gradient per parameter. Not part of fixed: the trainer's zero_grad frees
+//    them (set_to_none), and backward creates them last layer first, so when the activations
+//    peak (backward's start) almost none exists yet. at() takes the larger of the two.
 //  per_sample: what backward needs of each sample. Per block, the tensors autograd saves: its
 //    input (kept by the layer norm), the norm's output (kept by fc1), fc1's output (kept by the
 //    GELU), the GELU's output (kept by fc2), and dropout's mask when there is dropout. Under
@@ -82,8 +85,9 @@ MemoryEstimate estimate_memory(const DeepMlpOptions& o, amplab::Precision precis
   const int64_t parameters = depth * (2 * w + w * h + h + h * w + w) + 2 * w + w * o.classes + o.classes;
   const bool half = amplab::is_mixed(precision);
   MemoryEstimate e;
-  // fp32 weights and gradients (+ momentum); autocast keeps fp16/bf16 copies of the weights.
-  e.fixed = parameters * 4 * (momentum ? 3 : 2) + (half ? parameters * 2 : 0);
+  // fp32 weights (+ momentum); autocast keeps fp16/bf16 copies of the weights. fp32 gradients.
+  e.fixed = parameters * 4 * (momentum ? 2 : 1) + (half ? parameters * 2 : 0);
+  e.gradients = parameters * 4;
   // Bytes one block keeps per sample. fp32: x, norm(x), fc1's and gelu's outputs. Under autocast
   // x stays fp32 (the residual add promotes), layer_norm runs in fp32 and fc1 keeps a half copy
   // of its output; fc1's and gelu's outputs are half. Dropout adds a one-byte mask.

@@ -63,9 +63,12 @@ amplab::Batch make_batch(int64_t size, const torch::Tensor& teacher, torch::Devi
 
 // TODO(memory_optimization-6): count bytes, as the allocator would be asked for them.
 //  fixed: the parameters (count them from the shapes: each block has a layer norm's weight and
-//    bias, two Linears' weights and biases; then the final norm and the head) in fp32, as many
-//    again for their gradients, once more per momentum buffer; under autocast (fp16/bf16-mixed)
-//    one 2-byte copy of every weight, cached for the step.
+//    bias, two Linears' weights and biases; then the final norm and the head) in fp32, once more
+//    per momentum buffer; under autocast (fp16/bf16-mixed) one 2-byte copy of every weight,
+//    cached for the step.
+//  gradients: one fp32 gradient per parameter. Not part of fixed: the trainer's zero_grad frees
+//    them (set_to_none), and backward creates them last layer first, so when the activations
+//    peak (backward's start) almost none exists yet. at() takes the larger of the two.
 //  per_sample: what backward needs of each sample. Per block, the tensors autograd saves: its
 //    input (kept by the layer norm), the norm's output (kept by fc1), fc1's output (kept by the
 //    GELU), the GELU's output (kept by fc2), and dropout's mask when there is dropout. Under

@@ -548,15 +548,17 @@ int64_t parameter_count(mo::DeepMlp& model) {
   return n;
 }
 
-// fixed: the parameters counted from the shapes, 4 bytes each for the weights, their gradients and
-// each momentum buffer; autocast adds at most a 2-byte copy of each.
+// fixed: the parameters counted from the shapes, 4 bytes each for the weights and each momentum
+// buffer; autocast adds at most a 2-byte copy of each. gradients: 4 bytes each, apart from fixed
+// (alive only from backward to the step: at() takes the larger of them and the activations).
 TEST(MemoryOptimization6_Estimate, FixedBytesAreTheModelsState) {
   for (bool momentum : {false, true}) {
     auto options = small_mlp(0.0, /*width=*/32, /*depth=*/3);
     mo::DeepMlp model(options);
     const int64_t n = parameter_count(model);
     auto fp32 = mo::estimate_memory(options, Precision::fp32, 0, momentum);
-    EXPECT_EQ(fp32.fixed, n * 4 * (momentum ? 3 : 2)) << "momentum " << momentum << ": " << n << " parameters";
+    EXPECT_EQ(fp32.fixed, n * 4 * (momentum ? 2 : 1)) << "momentum " << momentum << ": " << n << " parameters";
+    EXPECT_EQ(fp32.gradients, n * 4) << n << " parameters";
     auto bf16 = mo::estimate_memory(options, Precision::bf16_mixed, 0, momentum);
     EXPECT_GT(bf16.fixed, fp32.fixed) << "autocast's weight copies";
     EXPECT_LE(bf16.fixed, fp32.fixed + 2 * n);
@@ -604,7 +606,9 @@ TEST(MemoryOptimization6_Estimate, CheckpointingAndHalfPrecisionNeedLessPerSampl
   EXPECT_LT(2 * every.per_sample, plain.per_sample) << "checkpointing every block keeps only block inputs";
   EXPECT_LT(every4.per_sample, plain.per_sample);
   EXPECT_LT(bf16.per_sample, plain.per_sample) << "half-precision activations";
-  EXPECT_EQ(plain.at(10), plain.fixed + 10 * plain.per_sample);
+  EXPECT_EQ(plain.at(10), plain.fixed + std::max(plain.gradients, 10 * plain.per_sample));
+  EXPECT_EQ(plain.at(1), plain.fixed + plain.gradients) << "one sample's activations are smaller than the gradients";
+  EXPECT_EQ(plain.at(100000), plain.fixed + 100000 * plain.per_sample);
 }
 
 // ---- TODO(memory_optimization-7): comparing ---------------------------------------------------
