@@ -26,6 +26,7 @@
 #include "amplab/memory.hpp"
 #include "amplab/plots.hpp"
 #include "amplab/precision.hpp"
+#include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
@@ -756,6 +757,7 @@ int main(int argc, char** argv) {
                        {"optimizer", {{"name", config.train.optimizer.name}, {"fused", config.train.optimizer.fused}}}});
     std::cout << std::flush;  // before the plot script writes to the same stream
     if (lab.plots) amplab::make_plots("amp", run);
+    amplab::write_report(run);
     std::cout << "\nresults: " << run.path() << "/ (precision.csv, underflow.csv, overflow_trace.csv, summary.json, precision.png)\n";
     return amplab::kExitOk;
   });

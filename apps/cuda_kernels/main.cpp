@@ -23,6 +23,7 @@
 #include "amplab/env.hpp"
 #include "amplab/log.hpp"
 #include "amplab/plots.hpp"
+#include "amplab/report.hpp"
 #include "amplab/precision.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/table.hpp"
@@ -634,6 +635,7 @@ int main(int argc, char** argv) {
     records.bandwidth.write_csv(run.file("bandwidth.csv"));
     run.write_summary(records.summary);
     if (config.bench.plots) amplab::make_plots("kernels", run);
+    amplab::write_report(run);
     std::cout << "\nresults: " << run.path() << "/ (*.csv, summary.json, roofline.png, bandwidth.png, conv_*.png)\n";
     return amplab::kExitOk;
   });

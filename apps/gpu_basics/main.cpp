@@ -9,6 +9,7 @@
 #include "amplab/device.hpp"
 #include "amplab/log.hpp"
 #include "amplab/precision.hpp"
+#include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/table.hpp"
 #include "gpu_basics.hpp"
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     matmul.write_csv(run.file("matmul.csv"));
     summary["matmul"] = matmul_json;
     run.write_summary(summary);
+    amplab::write_report(run);
     std::cout << "\nresults: " << run.path() << "/ (device.csv, timing.csv, bandwidth.csv, matmul.csv, summary.json)\n";
     return amplab::kExitOk;
   });

@@ -25,6 +25,7 @@
 #include "amplab/memory.hpp"
 #include "amplab/plots.hpp"
 #include "amplab/precision.hpp"
+#include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
@@ -843,6 +844,7 @@ int main(int argc, char** argv) {
     run.write_summary(summary);
     std::cout << std::flush;  // before the plot script writes to the same stream
     if (config.mem.plots) amplab::make_plots("memory", run);
+    amplab::write_report(run);
     std::cout << "\nresults: " << run.path()
               << "/ (memory_per_batch.csv, finder.csv, accumulation.csv, checkpointing.csv, memory_timeline.csv, "
                  "summary.json, memory_batch.png, memory_timeline.png)\n";

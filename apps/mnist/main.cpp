@@ -13,6 +13,7 @@
 #include "amplab/log.hpp"
 #include "amplab/loop.hpp"
 #include "amplab/plots.hpp"
+#include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/table.hpp"
@@ -239,6 +240,7 @@ int main(int argc, char** argv) {
     run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size},
                        {"config", amplab::config_yaml_to_json(config_yaml)}});  // bench/side_by_side.py reads it
     if (config.mnist.plots) amplab::make_plots("mnist", run);
+    amplab::write_report(run);
     std::cout << "results: " << run.path() << "/ (results.csv, metrics.csv, summary.json, plots)\n";
     return amplab::kExitOk;
   });
