@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <map>
 
 #include "amplab/app.hpp"
 #include "amplab/config_json.hpp"
@@ -12,11 +14,13 @@
 #include "amplab/device.hpp"
 #include "amplab/log.hpp"
 #include "amplab/loop.hpp"
+#include "amplab/precision.hpp"
 #include "amplab/plots.hpp"
 #include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/table.hpp"
+#include "amplab/timing.hpp"
 #include "mechanisms.hpp"
 #include "mnist.hpp"
 
@@ -30,6 +34,7 @@ struct MnistLabConfig {
   bool fused_kernels = true;      // GPU modes: kernels of ours for the convolutions' ends (MnistNet::forward_fused)
   int64_t eval_batch_size = 1000; // test-set batches
   bool plots = true;              // write PNG plots (needs matplotlib)
+  int profile_steps = 30;         // steps of the per-phase profile after training (0: none)
 
   template <class V>
   void fields(V& v) {
@@ -40,6 +45,8 @@ struct MnistLabConfig {
     v.field("fused_kernels", fused_kernels, "GPU modes: conv1 + bias + ReLU, and conv2's bias + ReLU + pool, one kernel each");
     v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
     v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
+    v.field("profile_steps", profile_steps, "steps of the per-phase profile after each mode's training (0: none)",
+            amplab::Range<int64_t>::between(0, 10000));
   }
 };
 
@@ -97,6 +104,69 @@ mnist::ModeResult from_json(const nlohmann::json& j) {
   return r;
 }
 
+// Where a step's time goes. The step is taken apart into its phases (getting the batch, forward,
+// backward, the optimizer: the lab's own mechanisms, called one phase at a time), and each phase
+// runs alone between two synchronizations, `steps` times (medians). host ms: the CPU issuing the
+// phase (launching its kernels on a GPU; doing all of it on the CPU). device ms: from the phase's
+// start to the end of its last kernel (CUDA events; on the CPU the same as host). A GPU phase
+// whose device time is hardly more than its host time is launch-bound: the GPU waited for the
+// CPU to hand it work. Then the whole step, eager and back to back (host launches overlap the GPU's
+// work), against the sum of the phases; the epoch's own step (one CUDA graph replay in the GPU
+// modes) is its seconds per epoch over its steps. Runs after the results are taken and the last
+// checkpoint is written: its steps change the weights of nothing that is reported.
+struct PhaseRow {
+  std::string phase;
+  double host_ms = 0;
+  double device_ms = 0;
+};
+
+std::vector<PhaseRow> profile_step(amplab::Trainer& trainer, amplab::BatchSource& batches, int steps) {
+  const torch::Device device = trainer.device();
+  if (!device.is_cuda()) steps = std::min(steps, 3);  // a CPU step is slow, and steady: a few tell
+  const amplab::StepMechanisms mechanisms = amplab::course_mechanisms();
+  std::map<std::string, std::vector<double>> host, dev;
+  const std::vector<std::string> order = {"data", "forward", "backward", "optimizer"};
+  auto timed = [&](const std::string& phase, const std::function<void()>& work) {
+    amplab::synchronize(device);
+    amplab::DeviceTimer timer(device);
+    const auto start = std::chrono::steady_clock::now();
+    timer.start();
+    work();
+    host[phase].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    dev[phase].push_back(timer.stop_ms());
+  };
+  const int64_t n = batches.batches_per_epoch();
+  for (int i = 0; i < steps + 3; ++i) {  // 3 untimed
+    trainer.optimizer().zero_grad();
+    amplab::Batch batch;
+    torch::Tensor loss;
+    timed("data", [&] { batch = batches.batch(i % n); });
+    timed("forward", [&] {
+      amplab::AutocastGuard autocast(device, trainer.precision());
+      loss = trainer.forward_loss(batch);
+    });
+    timed("backward", [&] { trainer.scaler().scale(loss).backward(); });
+    timed("optimizer", [&] { mechanisms.optimizer_step(trainer); });
+    if (i < 3)
+      for (const auto& phase : order) host[phase].clear(), dev[phase].clear();
+  }
+  std::vector<PhaseRow> rows;
+  PhaseRow sum{"sum of the phases"};
+  for (const auto& phase : order) {
+    rows.push_back({phase, amplab::summarize(host[phase]).median, amplab::summarize(dev[phase]).median});
+    sum.host_ms += rows.back().host_ms;
+    sum.device_ms += rows.back().device_ms;
+  }
+  rows.push_back(sum);
+  // The same steps queued back to back, as the eager loop runs them.
+  int64_t next = 0;
+  auto ms = amplab::time_back_to_back([&] { trainer.step(batches.batch(next++ % n)); }, device, steps,
+                                      device.is_cuda() ? 3 : 1);
+  const double eager = amplab::summarize(ms).median;
+  rows.push_back({"eager step, back to back", eager, eager});
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,6 +215,7 @@ int main(int argc, char** argv) {
         for (const auto& j : nlohmann::json::parse(info.extra_json)) finished.push_back(from_json(j));
     }
 
+    std::map<std::string, std::vector<PhaseRow>> profiles;  // per mode label
     mnist::RunMode run_mode = [&](const mnist::Mode& mode) -> mnist::ModeResult {
       for (const auto& done : finished)
         if (done.mode == mode.label()) return done;  // finished before the interruption
@@ -208,6 +279,15 @@ int main(int argc, char** argv) {
       // A run resumed at its end trained nothing here: its memory was measured by the run that trained it.
       if (!fit.already_finished) result.memory = mnist::memory_use(trainer.memory());
       else result.memory.source = "-";
+      if (config.mnist.profile_steps > 0 && !fit.already_finished) {
+        amplab::log::info("[" + mode.label() + "] profile: " + std::to_string(config.mnist.profile_steps) +
+                          " steps phase by phase, then back to back");
+        auto rows = profile_step(trainer, batches, config.mnist.profile_steps);
+        const double graphed = result.seconds_per_epoch * 1000.0 / static_cast<double>(batches.batches_per_epoch());
+        rows.push_back({"the epoch's step (" + std::string(train_config.cuda_graph && device.is_cuda() ? "CUDA graph" : "eager") +
+                        ")", graphed, graphed});
+        profiles[mode.label()] = rows;
+      }
       finished.push_back(result);
       return result;
     };
@@ -223,6 +303,7 @@ int main(int argc, char** argv) {
 
     amplab::Table table({"mode", "s/epoch", "samples/s", "vs cpu", "peak MiB", "memory", "train loss", "test acc"});
     nlohmann::json summary_modes = nlohmann::json::array();
+    nlohmann::json summary_profile = nlohmann::json::object();  // per mode, per phase (profile_step)
     std::string skipped;
     for (const auto& r : results) {
       summary_modes.push_back(to_json(r));
@@ -237,11 +318,34 @@ int main(int argc, char** argv) {
     }
     std::cout << "\n" << table.to_string() << skipped;
     table.write_csv(run.file("results.csv"));
+    if (!profiles.empty()) {
+      amplab::Table phases({"mode", "phase", "host ms", "device ms", "share of the phases"});
+      nlohmann::json profile_json = nlohmann::json::object();
+      for (const auto& r : results) {
+        auto found = profiles.find(r.mode);
+        if (found == profiles.end()) continue;
+        double total = 0;
+        for (const auto& row : found->second)
+          if (row.phase == "sum of the phases") total = row.device_ms;
+        for (const auto& row : found->second) {
+          const bool phase = row.phase == "data" || row.phase == "forward" || row.phase == "backward" || row.phase == "optimizer";
+          phases.add_row({r.mode, row.phase, amplab::fixed(row.host_ms, 3), amplab::fixed(row.device_ms, 3),
+                          phase && total > 0 ? amplab::fixed(100 * row.device_ms / total, 0) + "%" : "-"});
+          profile_json[r.mode][row.phase] = {{"host_ms", row.host_ms}, {"device_ms", row.device_ms}};
+        }
+      }
+      std::cout << "\nWhere a step's time goes (" << config.mnist.profile_steps
+                << " steps, medians; each phase alone between two synchronizations; host: the CPU issuing it, "
+                   "device: until its last kernel ended):\n"
+                << phases.to_string();
+      phases.write_csv(run.file("phases.csv"));
+      summary_profile = profile_json;
+    }
     run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size},
-                       {"config", amplab::config_yaml_to_json(config_yaml)}});  // bench/side_by_side.py reads it
+                       {"profile", summary_profile}, {"config", amplab::config_yaml_to_json(config_yaml)}});  // bench/side_by_side.py reads it
     if (config.mnist.plots) amplab::make_plots("mnist", run);
     amplab::write_report(run);
-    std::cout << "results: " << run.path() << "/ (results.csv, metrics.csv, summary.json, plots)\n";
+    std::cout << "results: " << run.path() << "/ (results.csv, phases.csv, metrics.csv, summary.json, report.md, plots)\n";
     return amplab::kExitOk;
   });
 }
