@@ -17,6 +17,23 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for torch's CMake")
 endif()
 
+# No CUDA toolkit on this machine (no nvcc on PATH, in $CUDA_HOME or /usr/local/cuda): use the
+# CUDA compiler scripts/setup.sh installs from pip into .venv, next to the CUDA headers and
+# libraries of torch's wheel (site-packages/nvidia/cu13), for torch's CMake files and our kernels.
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+  find_program(_amplab_system_nvcc nvcc HINTS ENV CUDA_HOME PATHS /usr/local/cuda PATH_SUFFIXES bin NO_CACHE)
+  file(GLOB _amplab_wheel_nvcc ${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc)
+  if(NOT _amplab_system_nvcc AND _amplab_wheel_nvcc)
+    list(GET _amplab_wheel_nvcc 0 _amplab_wheel_nvcc)
+    get_filename_component(_amplab_cu13 ${_amplab_wheel_nvcc} DIRECTORY)
+    get_filename_component(_amplab_cu13 ${_amplab_cu13} DIRECTORY)
+    set(CMAKE_CUDA_COMPILER ${_amplab_wheel_nvcc} CACHE FILEPATH "nvcc from pip (no CUDA toolkit here)")
+    set(CUDAToolkit_ROOT ${_amplab_cu13})
+    set(CUDA_TOOLKIT_ROOT_DIR ${_amplab_cu13} CACHE PATH "CUDA from pip wheels (torch's FindCUDA)")
+    message(STATUS "amplab: no CUDA toolkit; the CUDA compiler and libraries of ${_amplab_cu13} (pip wheels)")
+  endif()
+endif()
+
 find_package(Torch REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(spdlog REQUIRED)

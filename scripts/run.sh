@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs a lab binary, setting up and building first if needed:
+# Runs a lab binary, setting up and building first if needed (only that lab's binary and what it
+# links: the other labs and the tests are built by scripts/test.sh):
 #   scripts/run.sh [LAB] [ARGS...]      LAB defaults to mnist; ARGS go to the lab binary
 #   scripts/run.sh mnist --set train.epochs=5
 # Labs: gpu_basics, amp_training, memory_optimization, mnist, ddp (see labs/<lab>/README.md).
@@ -12,5 +13,5 @@ if [ ! -d "labs/$lab" ]; then
   echo "error: no lab '$lab'; labs: $(ls labs | tr '\n' ' ')" >&2
   exit 2
 fi
-bash scripts/setup.sh >&2
+bash scripts/setup.sh --target "$lab" >&2
 exec "build/bin/$lab" "$@"

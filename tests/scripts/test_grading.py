@@ -146,9 +146,12 @@ class StudentFiles(unittest.TestCase):
 
 
 
-_starter_loader = importlib.machinery.SourceFileLoader("make_starter", str(SCRIPTS / "make-starter.py"))
-make_starter = importlib.util.module_from_spec(importlib.util.spec_from_loader("make_starter", _starter_loader))
-_starter_loader.exec_module(make_starter)
+# make-starter.py is an instructor's script: a student hand-out does not have it.
+HAVE_MAKE_STARTER = (SCRIPTS / "make-starter.py").is_file()
+if HAVE_MAKE_STARTER:
+    _starter_loader = importlib.machinery.SourceFileLoader("make_starter", str(SCRIPTS / "make-starter.py"))
+    make_starter = importlib.util.module_from_spec(importlib.util.spec_from_loader("make_starter", _starter_loader))
+    _starter_loader.exec_module(make_starter)
 
 SOLUTION = textwrap.dedent("""\
     int given() { return 1; }
@@ -170,6 +173,7 @@ SOLUTION = textwrap.dedent("""\
     """)
 
 
+@unittest.skipUnless(HAVE_MAKE_STARTER, "an instructor's script (not in a hand-out)")
 class MergedSources(unittest.TestCase):
     """make-starter.py --merge: each TODO's body switchable between the student's and the reference."""
 
@@ -197,6 +201,34 @@ class MergedSources(unittest.TestCase):
             self.merged(mangled.replace('int two(int x) {\n  AMPLAB_TODO("lab-2");\n}', "int two(int x) { return 0; }")
                         .replace("int one() {  // changed signature line\n  return given();\n}\n\n// TODO(lab-2): two.\n",
                                  "int one() { return two(1); }\n"))
+
+
+class GradescopeFormat(unittest.TestCase):
+    """results.json against Gradescope's autograder format (what its upload accepts)."""
+
+    def result(self, status, score, points, gpus=0):
+        return {"lab": "lab", "todo": "lab-1", "test": "A.b", "status": status, "score": score, "points": points,
+                "message": "", "details": "", "description": "", "visibility": "visible", "gpus": gpus, "tags": [],
+                "seconds": 0.1}
+
+    def test_what_grade_writes_is_valid(self):
+        results = [self.result("passed", 2, 2), self.result("failed", 0, 3), self.result("needs_gpu", 0, 4, gpus=1)]
+        written = grade.gradescope(results, 12.5, "summary")
+        self.assertEqual(grade.gradescope_problems(written), [])
+        self.assertEqual(written["score"], 2)
+        self.assertEqual(sum(t["max_score"] for t in written["tests"]), 5, "a test not run counts in no total")
+        self.assertNotIn("status", written["tests"][2], "not run: neither passed nor failed")
+
+    def test_problems_are_named(self):
+        bad = {"score": "9", "tests": [{"name": "x", "score": 1, "max_score": 1, "status": "ok", "visibility": "public",
+                                        "colour": "red"}]}
+        problems = grade.gradescope_problems(bad)
+        self.assertIn("score is not a number", problems)
+        self.assertTrue(any("status 'ok'" in p for p in problems), problems)
+        self.assertTrue(any("visibility 'public'" in p for p in problems), problems)
+        self.assertTrue(any("unknown key 'colour'" in p for p in problems), problems)
+        self.assertIn("score exceeds the sum of max_score",
+                      grade.gradescope_problems({"score": 3, "tests": [{"score": 1, "max_score": 1}]}))
 
 
 class Reports(unittest.TestCase):
