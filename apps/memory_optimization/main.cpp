@@ -145,7 +145,9 @@ struct CheckpointSection {
   int64_t batch = 16384;   // one batch for every setting (memory cap lifted)
   int64_t cpu_batch = 256;
   std::vector<std::string> precisions = {"fp32", "bf16-mixed"};
-  std::vector<int64_t> every = {0, 1, 2};  // 0 is the baseline of each precision
+  // 0 is the baseline of each precision; 24 blocks in segments of 1, 2, 4, 6 (about sqrt(24): the
+  // least memory in theory) and 12: the memory/recompute trade-off along the segment length
+  std::vector<int64_t> every = {0, 1, 2, 4, 6, 12};
 
   template <class V>
   void fields(V& v) {
@@ -633,6 +635,10 @@ nlohmann::json checkpointing(Lab& lab, amplab::RunDir& run) {
   };
   std::vector<Row> rows;
   std::string notes;
+  for (int64_t every : c.every)
+    if (every >= lab.shape.depth)
+      notes += "  checkpointing/" + std::to_string(every) + ": left out, one segment of all " +
+               std::to_string(lab.shape.depth) + " blocks is no checkpointing\n";
   for (const auto& name : c.precisions) {
     Precision precision = amplab::enum_from_string<Precision>(name, "mem.checkpointing.precisions");
     std::string why;
@@ -641,6 +647,7 @@ nlohmann::json checkpointing(Lab& lab, amplab::RunDir& run) {
       continue;
     }
     for (int64_t every : c.every) {
+      if (every >= lab.shape.depth) continue;
       amplab::log::info("checkpointing: " + setting_name(precision, every) + ", batch " + std::to_string(batch));
       rows.push_back({precision, every, run_setting(lab, precision, every, batch)});
     }
