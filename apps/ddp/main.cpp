@@ -1,18 +1,24 @@
 // Lab 5, data-parallel training in C++: one process per GPU (or CPU processes for testing),
-// gradients all-reduced in buckets while backward runs. Launch with our launcher or torchrun:
+// gradients averaged by the version of gradient synchronization that dist.sync names (naive, flat,
+// overlapped, bucketed: labs/ddp/data_parallel.hpp). Launch with our launcher or torchrun:
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/ddp [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/ddp
 // A single process (no launcher) trains alone, which is the baseline.
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include "amplab/app.hpp"
 #include "amplab/data/mnist.hpp"
 #include "amplab/device.hpp"
-#include "amplab/dist/trainer_sync.hpp"
+#include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
 #include "amplab/files.hpp"
 #include "amplab/gpu_monitor.hpp"
 #include "amplab/log.hpp"
@@ -27,6 +33,10 @@
 
 namespace {
 
+// The bench's settings, in the order they are timed (bench.settings picks some).
+inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overlapped", "bucketed",
+                                                        "bucketed_fast", "bucketed_no_overlap", "bucketed_bf16", "pieces"};
+
 struct DdpBenchConfig {
   bool enabled = false;                           // time the MLP benchmark instead of training
   int64_t width = 8192;                           // MLP of DESIGN.md: layers x Linear(width, width)
@@ -35,27 +45,35 @@ struct DdpBenchConfig {
   amplab::Precision precision = amplab::Precision::bf16_mixed;
   int warmup = 5;                                 // untimed steps
   int steps = 20;                                 // timed steps per setting
-  bool trace = false;                             // also write Chrome traces of a few steps per setting
-  int64_t first_layer_pieces = 4;                 // the settings with the first layer in pieces (1: none)
+  bool trace = false;                             // also write traces of a few steps per setting
+  int64_t first_layer_pieces = 4;                 // the "pieces" settings: the first layer in this many pieces
+  std::vector<std::string> settings = kBenchSettings;  // which rows to time (the plain MLP alone always)
 
   template <class V>
   void fields(V& v) {
-    v.field("enabled", enabled, "run the MLP step benchmark (local vs DDP overlap on/off) instead of training");
+    v.field("enabled", enabled, "run the MLP step benchmark (alone, then each version of gradient sync) instead of training");
     v.field("width", width, "MLP width", amplab::Range<int64_t>::at_least(1));
     v.field("layers", layers, "MLP layers", amplab::Range<int64_t>::at_least(1));
     v.field("batch", batch, "samples per rank", amplab::Range<int64_t>::at_least(1));
     v.field("precision", precision, "precision of the benchmark");
     v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
     v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
+    v.field("settings", settings,
+            "rows to time after the plain MLP alone: naive, flat, overlapped, bucketed (your four steps, one "
+            "optimizer step after the sync), bucketed_fast (bucketed with the reference's settings: each bucket "
+            "stepped as soon as it is reduced), bucketed_no_overlap, bucketed_bf16 (dist.compression: bf16), pieces "
+            "(the first layer in bench.first_layer_pieces pieces, alone and bucketed_fast)",
+            kBenchSettings);
     v.field("first_layer_pieces", first_layer_pieces,
-            "also time the MLP with its first Linear cut into this many pieces (amplab::LinearInPieces), alone and "
-            "with DDP, whose all-reduce of the first layer's gradient then starts piece by piece during backward; "
-            "1: leave those settings out",
+            "the 'pieces' settings cut the MLP's first Linear into this many pieces (amplab::LinearInPieces), whose "
+            "all-reduces then start piece by piece during backward",
             amplab::Range<int64_t>::at_least(1));
     v.field("trace", trace,
-            "write trace_<setting>[_rank<r>].json (each rank's CPU ops and GPU kernels over two more steps, each "
-            "waited for) and trace_<setting>_back_to_back[_rank<r>].json (three steps queued without waiting) into "
-            "the run directory; open in ui.perfetto.dev or print with bench/trace_steps.py");
+            "write timeline_<setting>.json (every rank's phases and all-reduces, from the host's clock: on CPU ranks "
+            "the overlap of all-reduces with backward is there to see) and, per rank, trace_<setting>[_rank<r>].json "
+            "(PyTorch's profiler: CPU ops and GPU kernels of two steps, each waited for) and "
+            "trace_<setting>_back_to_back[_rank<r>].json (three steps queued without waiting) into the run "
+            "directory; open them in ui.perfetto.dev, or print a kernel trace with bench/trace_steps.py");
   }
 };
 
@@ -64,7 +82,7 @@ struct DdpConfig {
   amplab::DataConfig data;
   amplab::TrainConfig train;
   amplab::CheckpointConfig checkpoint;
-  amplab::dist::DistConfig dist;
+  ddp_lab::LabDistConfig dist;
   DdpBenchConfig bench;
   template <class V>
   void fields(V& v) {
@@ -93,7 +111,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   amplab::MnistData data = amplab::load_mnist(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
   amplab::MnistNet net;
-  auto ddp = ddp_lab::wrap_model(net.ptr(), setup, config.dist);
+  auto sync = ddp_lab::make_gradient_sync(config.dist.sync, net.ptr(), setup, config.dist);
   auto images = amplab::normalize_images(data.train.images.to(setup.device));
   auto labels = data.train.labels.to(setup.device);
   auto test_images = amplab::normalize_images(data.test.images.to(setup.device));
@@ -101,8 +119,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
 
   amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); },
                           config.train, setup.device, amplab::course_mechanisms());
-  amplab::dist::DdpGradientSync sync(*ddp);
-  amplab::dist::attach(trainer, sync);
+  trainer.set_gradient_sync(sync.get());
   amplab::TensorBatches batches(images, labels,
                                 ddp_lab::make_sampler(images.size(0), config.train.batch_size,
                                                       static_cast<uint64_t>(config.run.seed), world),
@@ -131,6 +148,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     return nlohmann::json{{"test_accuracy", correct.item<double>() / static_cast<double>(test_images.size(0))}};
   };
   amplab::log::info("training on " + std::to_string(world.world_size) + " rank(s), " + setup.comm->backend() + ", " +
+                    "dist.sync " + amplab::enum_to_string(config.dist.sync) + ", " +
                     std::to_string(config.train.batch_size) + " samples per rank per step (global batch " +
                     std::to_string(config.train.batch_size * world.world_size) + ")");
   amplab::FitResult fit = amplab::fit(trainer, batches, options);
@@ -150,11 +168,162 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     for (const auto& e : fit.epochs)
       epochs.push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"train_loss", e.train_loss},
                         {"samples_per_second_global", e.samples_per_second * world.world_size}, {"eval", e.eval}});
-    run.write_summary({{"world_size", world.world_size}, {"backend", setup.comm->backend()}, {"epochs", epochs},
+    run.write_summary({{"world_size", world.world_size}, {"backend", setup.comm->backend()},
+                       {"sync", amplab::enum_to_string(config.dist.sync)}, {"epochs", epochs},
                        {"parameters_identical", identical}, {"fingerprint", mine}});
   }
   return identical ? amplab::kExitOk : amplab::kExitFailure;
 }
+
+// What the bench's timeline_<setting>.json shows: spans on the host's clock (microseconds of
+// steady_clock, the same clock for every process of a machine), per rank and track.
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+  static int64_t now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  }
+  void span(const std::string& name, const std::string& track, int64_t start_us, int64_t end_us) {
+    if (!recording_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back({{"name", name}, {"ph", "X"}, {"ts", start_us}, {"dur", std::max<int64_t>(end_us - start_us, 1)},
+                       {"tid", track}});
+  }
+  void instant(const std::string& name, const std::string& track, int64_t at_us) {
+    if (!recording_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back({{"name", name}, {"ph", "i"}, {"s", "t"}, {"ts", at_us}, {"tid", track}});
+  }
+  // Every rank's events in one Chrome trace (a collective: every rank calls it); rank 0 writes it.
+  void write_all_ranks(amplab::dist::Communicator& comm, const std::string& path) {
+    nlohmann::json mine;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mine = events_;
+      events_.clear();
+    }
+    auto all = comm.all_gather_bytes(mine.dump());
+    if (path.empty()) return;
+    nlohmann::json trace = nlohmann::json::array();
+    for (size_t r = 0; r < all.size(); ++r) {
+      trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
+      for (auto event : nlohmann::json::parse(all[r])) {
+        event["pid"] = r;
+        trace.push_back(std::move(event));
+      }
+    }
+    amplab::write_file_atomic(path, nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump());
+  }
+
+ private:
+  std::atomic<bool> recording_{false};
+  std::mutex mutex_;
+  nlohmann::json events_ = nlohmann::json::array();
+};
+
+// The communicator the bench's syncs talk to when bench.trace is on: passes everything to the
+// real one, and puts each all-reduce on the timeline, from its launch (by a gradient hook during
+// backward, or after it) to its end. On the CPU backend collectives complete
+// in the order they were issued, and a thread of this class waits for each to see when it ends;
+// on GPUs the launch is what the host sees (the kernels are in the profiler's trace).
+class TimelineCommunicator final : public amplab::dist::Communicator {
+ public:
+  TimelineCommunicator(std::shared_ptr<amplab::dist::Communicator> inner, Timeline& timeline)
+      : inner_(std::move(inner)), timeline_(timeline), watcher_([this] { watch(); }) {}
+  ~TimelineCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    watcher_.join();
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  torch::Device device() const override { return inner_->device(); }
+  std::shared_ptr<amplab::dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
+    auto label = describe(tensors);
+    return watched(label, inner_->all_reduce_sum(std::move(tensors)));
+  }
+  std::shared_ptr<amplab::dist::Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
+    auto label = describe(tensors);
+    return watched(label, inner_->all_reduce_mean(std::move(tensors)));
+  }
+  std::shared_ptr<amplab::dist::Work> then_copy(std::shared_ptr<amplab::dist::Work> work, std::vector<torch::Tensor> from,
+                                                std::vector<torch::Tensor> to) override {
+    return inner_->then_copy(std::move(work), std::move(from), std::move(to));
+  }
+  void broadcast(std::vector<torch::Tensor> tensors, int root) override { inner_->broadcast(std::move(tensors), root); }
+  std::vector<std::string> all_gather_bytes(const std::string& mine) override { return inner_->all_gather_bytes(mine); }
+  void barrier() override { inner_->barrier(); }
+  // Returns once every all-reduce launched so far is on the timeline.
+  void flush() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  struct Pending {
+    std::string label;
+    int64_t launched_us;
+    std::shared_ptr<amplab::dist::Work> work;
+  };
+  static std::string describe(const std::vector<torch::Tensor>& tensors) {
+    int64_t bytes = 0;
+    for (const auto& t : tensors) bytes += t.numel() * t.element_size();
+    return "all-reduce " + amplab::fixed(static_cast<double>(bytes) / 1e6, 3) + " MB (" + std::to_string(tensors.size()) +
+           " tensor" + (tensors.size() == 1 ? "" : "s") + ")";
+  }
+  std::shared_ptr<amplab::dist::Work> watched(const std::string& label, std::shared_ptr<amplab::dist::Work> work) {
+    if (!timeline_.recording()) return work;
+    const int64_t now = Timeline::now_us();
+    if (inner_->device().is_cuda()) {
+      timeline_.instant(label + " launched", "all-reduces", now);
+      return work;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({label, now, work});
+    }
+    wake_.notify_one();
+    return work;
+  }
+  void watch() {
+    for (;;) {
+      Pending next;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      try {
+        next.work->wait();
+      } catch (...) {  // the caller's own wait() reports it
+      }
+      timeline_.span(next.label, "all-reduces", next.launched_us, Timeline::now_us());
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
+      }
+      idle_.notify_all();
+    }
+  }
+
+  std::shared_ptr<amplab::dist::Communicator> inner_;
+  Timeline& timeline_;
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<Pending> queue_;
+  bool busy_ = false;  // the watcher is waiting for one
+  bool stopping_ = false;
+  std::thread watcher_;
+};
 
 // Splits each timed step into forward, backward and what follows backward, by marks on the
 // device. With DDP, the all-reduces that run beside backward show up as a longer backward (they
@@ -164,14 +333,23 @@ class PhaseMarks final : public amplab::GradientSync {
  public:
   // Keeps the marks of the last `capacity` steps, reusing their events (no events made in the
   // timed loop).
-  PhaseMarks(amplab::GradientSync* inner, torch::Device device, size_t capacity) : inner_(inner) {
+  PhaseMarks(amplab::GradientSync* inner, torch::Device device, size_t capacity, Timeline* timeline = nullptr)
+      : inner_(inner), timeline_(timeline) {
     for (size_t i = 0; i < capacity; ++i) steps_.push_back(std::make_unique<amplab::DeviceMarks>(device, 4));
   }
   void start_step() {
     current_ = steps_[started_++ % steps_.size()].get();
     current_->mark(0);
+    host_mark(0);
   }
-  void end_step() { current_->mark(3); }
+  void end_step() {
+    current_->mark(3);
+    host_mark(3);
+    if (timeline_ && timeline_->recording()) {
+      const char* names[] = {"forward", "backward", "after backward (sync, optimizer)"};
+      for (int k = 0; k < 3; ++k) timeline_->span(names[k], "compute", host_us_[k], host_us_[k + 1]);
+    }
+  }
   // Medians over the last `capacity` steps (fewer if fewer ran): forward, backward, after backward (ms).
   std::vector<double> medians() {
     std::vector<std::vector<double>> phases(3);
@@ -187,10 +365,12 @@ class PhaseMarks final : public amplab::GradientSync {
   }
   void before_backward(const torch::Tensor& loss, bool reduce_after_this) override {
     current_->mark(1);
+    host_mark(1);
     if (inner_) inner_->before_backward(loss, reduce_after_this);
   }
   void finish() override {
     current_->mark(2);
+    host_mark(2);
     if (inner_) inner_->finish();
   }
   bool can_step_each_bucket(const std::vector<torch::Tensor>& params) override {
@@ -198,11 +378,16 @@ class PhaseMarks final : public amplab::GradientSync {
   }
   void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) override {
     current_->mark(2);
+    host_mark(2);
     inner_->finish_stepping_each_bucket(step_bucket);
   }
 
  private:
+  void host_mark(int k) { host_us_[k] = Timeline::now_us(); }  // on the CPU the host's clock is the compute's
+
   amplab::GradientSync* inner_;
+  Timeline* timeline_;
+  int64_t host_us_[4] = {0, 0, 0, 0};
   std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
   amplab::DeviceMarks* current_ = nullptr;
   size_t started_ = 0;
@@ -257,11 +442,12 @@ void trace_steps(const std::function<void()>& step, torch::Device device, const 
   if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
 }
 
-// Time per step of the MLP: alone (no communication: the ideal), then DDP with the all-reduce
-// overlapped with backward and each bucket updated as soon as it is reduced (the default), with
-// one optimizer step after all buckets, without overlap, (unless the config already asks for it)
-// with gradients sent as bf16, and (bench.first_layer_pieces) with the first layer in pieces,
-// alone and with DDP. Scaling efficiency = time alone (the plain MLP) / time of the setting.
+// Time per step of the MLP: alone (no communication: the ideal), then each version of gradient
+// synchronization that bench.settings names: your four steps (one optimizer step after the sync),
+// the bucketed one with the reference's settings (each bucket stepped as soon as it is reduced),
+// without overlap, with bf16 gradients, and with the first layer in pieces (alone and bucketed).
+// Scaling efficiency = time alone (the plain MLP) / time of the setting; exposed communication =
+// time of the setting - time alone.
 int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run) {
   const auto& b = config.bench;
   const auto& world = setup.world;
@@ -279,33 +465,43 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   // One row each; the first, the plain MLP alone, is the baseline of every efficiency.
   struct Setting {
     std::string name;
-    bool alone = false;             // no DDP, no communication
-    bool overlap = true;            // else dist.overlap = false
-    bool step_each_bucket = true;   // else one optimizer step after all buckets
-    bool bf16_gradients = false;    // else dist.compression as configured
+    bool alone = false;                           // no DDP, no communication
+    ddp_lab::SyncKind sync = ddp_lab::SyncKind::bucketed;
+    bool overlap = true;                          // else dist.overlap = false
+    bool step_each_bucket = true;                 // else one optimizer step after the sync
+    bool bf16_gradients = false;                  // else dist.compression as configured
     int64_t first_layer_pieces = 1;
   };
-  std::vector<Setting> settings = {{.name = "alone", .alone = true},
-                                   {.name = "ddp overlap"},
-                                   {.name = "ddp overlap, one step", .step_each_bucket = false},
-                                   {.name = "ddp no overlap", .overlap = false}};
-  if (config.dist.compression == amplab::dist::Compression::none)
-    settings.push_back({.name = "ddp overlap, bf16 gradients", .bf16_gradients = true});
-  if (b.first_layer_pieces > 1) {
+  auto wanted = [&](const std::string& key) { return std::ranges::find(b.settings, key) != b.settings.end(); };
+  std::vector<Setting> settings = {{.name = "alone", .alone = true}};
+  for (auto [key, kind] : {std::pair{"naive", ddp_lab::SyncKind::naive}, std::pair{"flat", ddp_lab::SyncKind::flat},
+                           std::pair{"overlapped", ddp_lab::SyncKind::overlapped},
+                           std::pair{"bucketed", ddp_lab::SyncKind::bucketed}})
+    if (wanted(key)) settings.push_back({.name = key, .sync = kind, .step_each_bucket = false});
+  if (wanted("bucketed_fast")) settings.push_back({.name = "bucketed, each bucket stepped (the reference's settings)"});
+  if (wanted("bucketed_no_overlap")) settings.push_back({.name = "bucketed, no overlap", .overlap = false});
+  if (wanted("bucketed_bf16") && config.dist.compression == amplab::dist::Compression::none)
+    settings.push_back({.name = "bucketed, each bucket stepped, bf16 gradients", .bf16_gradients = true});
+  if (wanted("pieces") && b.first_layer_pieces > 1) {
     const std::string in_pieces = "first layer in " + std::to_string(b.first_layer_pieces) + " pieces";
     settings.push_back({.name = "alone, " + in_pieces, .alone = true, .first_layer_pieces = b.first_layer_pieces});
-    settings.push_back({.name = "ddp overlap, " + in_pieces, .first_layer_pieces = b.first_layer_pieces});
+    settings.push_back({.name = "bucketed, each bucket stepped, " + in_pieces, .first_layer_pieces = b.first_layer_pieces});
   }
+  Timeline timeline;
   for (const Setting& setting : settings) {
     torch::manual_seed(0);
     auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
-    auto dist_config = config.dist;
+    amplab::dist::DistConfig dist_config = config.dist;
     dist_config.overlap = setting.overlap;
     dist_config.step_each_bucket = setting.step_each_bucket;
     if (setting.bf16_gradients) dist_config.compression = amplab::dist::Compression::bf16;
-    std::unique_ptr<amplab::dist::DistributedDataParallel> ddp;
+    // With bench.trace, the sync talks through a communicator that puts its all-reduces on the timeline.
+    ddp_lab::Setup traced = setup;
+    std::shared_ptr<TimelineCommunicator> timeline_comm;
+    if (b.trace && !setting.alone) traced.comm = timeline_comm = std::make_shared<TimelineCommunicator>(setup.comm, timeline);
+    std::unique_ptr<ddp_lab::DataParallel> sync;
     if (setting.alone) mlp->to(setup.device);
-    else ddp = ddp_lab::wrap_model(mlp.ptr(), setup, dist_config);
+    else sync = ddp_lab::make_gradient_sync(setting.sync, mlp.ptr(), traced, dist_config);
     amplab::TrainConfig train;
     train.precision = b.precision;
     train.optimizer.fused = true;
@@ -320,12 +516,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
     };
     amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory);
-    std::unique_ptr<amplab::dist::DdpGradientSync> sync;
-    if (ddp) {
-      sync = std::make_unique<amplab::dist::DdpGradientSync>(*ddp);
-      amplab::dist::attach(trainer, *sync);
-    }
-    PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps));
+    PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
     trainer.set_gradient_sync(&phases);
     amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
     auto step = [&] {
@@ -349,14 +540,27 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     auto s = amplab::summarize(times);
     auto phase_ms = phases.medians();
     if (b.trace) {
-      std::string base = "trace_" + setting.name;
-      base.erase(std::remove(base.begin(), base.end(), ','), base.end());
-      std::replace(base.begin(), base.end(), ' ', '_');
+      // The setting's name as a file name: "bucketed, no overlap" -> "bucketed_no_overlap".
+      std::string key;
+      for (char c : setting.name.substr(0, setting.name.find(" ("))) {
+        if (std::isalnum(static_cast<unsigned char>(c))) key += c;
+        else if (!key.empty() && key.back() != '_') key += '_';
+      }
       for (bool back_to_back : {false, true}) {
-        std::string name = base + (back_to_back ? "_back_to_back" : "") +
+        std::string name = "trace_" + key + (back_to_back ? "_back_to_back" : "") +
                            (world.rank > 0 ? "_rank" + std::to_string(world.rank) : "") + ".json";
         trace_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name, back_to_back);
       }
+      // Two more steps on the timeline, every rank's in one file.
+      setup.comm->barrier();
+      timeline.set_recording(true);
+      for (int i = 0; i < 2; ++i) {
+        step();
+        amplab::synchronize(setup.device);
+      }
+      timeline.set_recording(false);
+      if (timeline_comm) timeline_comm->flush();
+      timeline.write_all_ranks(*setup.comm, world.is_main() && !trace_dir.empty() ? trace_dir + "/timeline_" + key + ".json" : "");
     }
     // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
     // through their all-reduces instead of each starting a step when its own host wakes up.

@@ -1,19 +1,22 @@
-// Lab 5, data-parallel training: the functions you implement (starter/ddp/ddp_lab.cpp). The lab
-// binary (apps/ddp) runs one process per GPU, launched by amplab-run or torchrun --no-python;
-// tests/labs/ddp_test.cpp grades your functions, some of them through the launcher.
+// Lab 5, data-parallel training: the functions and classes you implement (starter/ddp/*.cpp).
+// The lab binary (apps/ddp) runs one process per GPU (or CPU processes), launched by amplab-run or
+// torchrun --no-python; tests/labs/ddp_test.cpp grades your code, on CPU ranks, and on two GPUs
+// where there are two. The gradient synchronization itself, in four steps: data_parallel.hpp.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "amplab/data/sampler.hpp"
 #include "amplab/dist/communicator.hpp"
-#include "amplab/dist/ddp.hpp"
 #include "amplab/dist/world.hpp"
 #include "amplab/error.hpp"  // AMPLAB_TODO in the starter
 #include "amplab/run_dir.hpp"
+#include "data_parallel.hpp"
 
 namespace ddp_lab {
 
@@ -27,18 +30,38 @@ struct Setup {
 // TODO(ddp-1): read torchrun's environment, pick this rank's device, connect to the others.
 Setup init_distributed(const amplab::dist::DistConfig& config, const std::string& device_spec);
 
-// TODO(ddp-2): wrap the model so that backward averages gradients across ranks.
-std::unique_ptr<amplab::dist::DistributedDataParallel> wrap_model(std::shared_ptr<torch::nn::Module> model,
-                                                                  const Setup& setup,
-                                                                  const amplab::dist::DistConfig& config);
-
-// TODO(ddp-3): this rank's shard of each epoch (disjoint across ranks, reshuffled per epoch from
+// TODO(ddp-2): this rank's shard of each epoch (disjoint across ranks, reshuffled per epoch from
 // a seed all ranks share).
 amplab::EpochSampler make_sampler(int64_t dataset_size, int64_t batch_size_per_rank, uint64_t seed,
                                   const amplab::dist::WorldInfo& world);
 
-// TODO(ddp-4): only rank 0 writes the run directory and logs at info level.
+// TODO(ddp-3): only rank 0 writes the run directory and logs at info level.
 amplab::RunDir make_run_dir(const amplab::RunConfig& run, const std::string& resolved_config_yaml,
                             const amplab::dist::WorldInfo& world);
+
+// The four versions of gradient synchronization (dist.sync).
+enum class SyncKind { naive, flat, overlapped, bucketed };
+inline constexpr std::pair<SyncKind, const char*> kSyncKindNames[] = {
+    {SyncKind::naive, "naive"}, {SyncKind::flat, "flat"}, {SyncKind::overlapped, "overlapped"}, {SyncKind::bucketed, "bucketed"}};
+inline std::span<const std::pair<SyncKind, const char*>> enum_names(SyncKind) { return kSyncKindNames; }
+
+// The lab's dist: section: the core's settings (amplab::dist::DistConfig) and which version runs.
+struct LabDistConfig : amplab::dist::DistConfig {
+  SyncKind sync = SyncKind::bucketed;  // step 4, the reference's way; the bucket and compression settings are its
+
+  template <class V>
+  void fields(V& v) {
+    amplab::dist::DistConfig::fields(v);
+    v.field("sync", sync,
+            "gradient synchronization: naive (an all-reduce per gradient after backward), flat (one all-reduce "
+            "after backward), overlapped (an all-reduce per gradient, during backward), bucketed (buckets during "
+            "backward, PyTorch's DDP)");
+  }
+};
+
+// Given: moves the model to setup.device and wraps it in the version `kind` (the constructor
+// checks that every rank holds the same model and copies rank 0's weights).
+std::unique_ptr<DataParallel> make_gradient_sync(SyncKind kind, std::shared_ptr<torch::nn::Module> model,
+                                                 const Setup& setup, const amplab::dist::DistConfig& config);
 
 }  // namespace ddp_lab

@@ -26,7 +26,7 @@ class FusedOptimizer {
   virtual void set_lr(double lr) = 0;
   // A step of these parameters only (each one of the optimizer's), without loss scaling: the same
   // update they get from a whole step, since every parameter is updated on its own. DDP steps each
-  // bucket with it as soon as the bucket's all-reduce is done (Trainer::step, dist/ddp.hpp).
+  // bucket with it as soon as the bucket's all-reduce is done (Trainer::step, lab 5's DDP).
   virtual void step_parameters(const std::vector<torch::Tensor>& params) = 0;
 };
 

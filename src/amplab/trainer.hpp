@@ -122,8 +122,10 @@ struct MicroBatches {
   std::function<Batch(int64_t)> batch;
 };
 
-// Data-parallel training plugs in here (lab 5's DistributedDataParallel): the trainer tells it
-// which backward passes must all-reduce, and waits for the reduction before the optimizer step.
+// Data-parallel training plugs in here (lab 5's gradient synchronization, labs/ddp): the trainer
+// tells it which backward passes must all-reduce, and waits for the reduction before the optimizer
+// step. No agreement on the GradScaler's found_inf is needed: the gradients are averaged before it
+// looks at them, so every rank sees the same ones and skips or steps with the others.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;

@@ -1,5 +1,6 @@
 // Distributed training on the CPU: the worker environment, the launcher, the cpu backend's
-// collectives and DDP. Multi-process checks start build/bin/amplab-run with build/bin/dist_worker
+// collectives and the course's reference DDP (lab 5's solution, ddp_lab::BucketedDdp; the lab's
+// graded tests grade a student's, tests/labs/ddp_test.cpp). Multi-process checks start build/bin/amplab-run with build/bin/dist_worker
 // as the workers (see dist_worker.cpp for what each scenario checks); each process loads torch,
 // about half a second.
 #include <gtest/gtest.h>
@@ -21,11 +22,11 @@
 
 #include "amplab/config.hpp"
 #include "amplab/dist/communicator.hpp"
-#include "amplab/dist/ddp.hpp"
 #include "amplab/dist/world.hpp"
 #include "amplab/error.hpp"
 #include "amplab/models.hpp"
 #include "amplab/precision.hpp"
+#include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
 #include "support.hpp"
 
 extern char** environ;
@@ -118,6 +119,15 @@ Outcome launch(int world_size, const std::vector<std::string>& worker_args, doub
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The DDP tests here check the reference DDP, lab 5's solution, in detail (its statistics, its
+// fast paths). A hand-out has no solution/: this binary links the student's own code, which the
+// lab's graded tests grade instead.
+#define AMPLAB_REQUIRE_REFERENCE_DDP()                                                              \
+  do {                                                                                               \
+    if (!std::filesystem::exists(std::filesystem::path(test::source_dir()) / "solution" / "ddp"))   \
+      GTEST_SKIP() << "tests the reference DDP (lab 5's solution); a hand-out grades yours in ddp_test"; \
+  } while (0)
 
 // Every rank printed "rank R: ok <check>" (prefixed by the launcher).
 ::testing::AssertionResult all_ranks_ok(const Outcome& o, int world_size, const std::string& check) {
@@ -247,6 +257,7 @@ struct TwoLayers : torch::nn::Module {
 // World size 1 ("single" backend): DDP must be plain training, bit for bit, with the buckets
 // laid out last layer first and split at the cap.
 TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
   EXPECT_EQ(comm->backend(), "single");
   torch::manual_seed(0);
@@ -257,7 +268,7 @@ TEST(Ddp, SingleProcessIsPlainTrainingAndBucketsFollowReverseOrder) {
 
   dist::DistConfig config;
   config.bucket_mb = 512.0 / (1024 * 1024);
-  dist::DistributedDataParallel ddp(model, comm, config);
+  ddp_lab::BucketedDdp ddp(model, comm, config);
   using Names = std::vector<std::vector<std::string>>;
   // PyTorch's assignment: fc2.weight (1 KiB) closes the first bucket; both of fc2's parameters
   // are reduced in their own .grad, fc1's two share the second bucket's flat buffer.
@@ -306,6 +317,7 @@ struct RecordStart final : torch::autograd::FunctionPreHook {
 // backward each piece's weight gradient is finished before the next piece's is started: what lets
 // DDP all-reduce one piece while the next one is computed. DDP gives each piece a bucket.
 TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   torch::manual_seed(0);
   torch::nn::Linear whole(6, 10);
   LinearInPieces split(6, 10, 4);
@@ -361,7 +373,7 @@ TEST(Ddp, LinearInPiecesIsTheSameLayerAndFinishesEachPieceBeforeTheNext) {
   auto mlp = make_mlp(8, 2, /*first_layer_pieces=*/4);
   dist::DistConfig config;
   config.bucket_mb = 64.0 / (1024 * 1024);
-  dist::DistributedDataParallel ddp(mlp.ptr(), dist::make_communicator(WorldInfo{}, {}, torch::kCPU), config);
+  ddp_lab::BucketedDdp ddp(mlp.ptr(), dist::make_communicator(WorldInfo{}, {}, torch::kCPU), config);
   using Names = std::vector<std::vector<std::string>>;
   EXPECT_EQ(ddp.bucket_layout(), (Names{{"2.bias", "2.weight"},
                                         {"0.piece3.bias", "0.piece3.weight"},
@@ -418,15 +430,17 @@ TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
 }
 
 TEST(Ddp, RefusesToWrapTwice) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
   auto model = std::make_shared<TwoLayers>();
-  dist::DistributedDataParallel first(model, comm);
-  EXPECT_TRUE(test::throws_with([&] { dist::DistributedDataParallel second(model, comm); },
+  ddp_lab::BucketedDdp first(model, comm);
+  EXPECT_TRUE(test::throws_with([&] { ddp_lab::BucketedDdp second(model, comm); },
                                 {"fc1.weight", "already has a post-accumulate-grad hook"}));
 }
 
 // A weight registered under two names (tied embeddings) is one parameter: one slot, one hook.
 TEST(Ddp, TiedWeightsAreSynchronizedOnce) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   struct Tied : torch::nn::Module {
     Tied() {
       w = register_parameter("w", torch::randn({4, 4}));
@@ -436,7 +450,7 @@ TEST(Ddp, TiedWeightsAreSynchronizedOnce) {
   };
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
   auto model = std::make_shared<Tied>();
-  dist::DistributedDataParallel ddp(model, comm);
+  ddp_lab::BucketedDdp ddp(model, comm);
   using Names = std::vector<std::vector<std::string>>;
   EXPECT_EQ(ddp.bucket_layout(), (Names{{"w"}}));
   (model->w * 2).sum().backward();
@@ -542,6 +556,7 @@ TEST(Collectives, WorldSize3) {
 }
 
 TEST(Ddp, MatchesOneProcessWithTheWholeBatchWorldSize2) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(2, {"ddp"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_TRUE(all_ranks_ok(o, 2, "DDP matches one process with the whole batch (world 2)"));
@@ -550,6 +565,7 @@ TEST(Ddp, MatchesOneProcessWithTheWholeBatchWorldSize2) {
 }
 
 TEST(Ddp, MatchesOneProcessWithTheWholeBatchWorldSize3) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(3, {"ddp"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_TRUE(all_ranks_ok(o, 3, "DDP matches one process with the whole batch (world 3)"));
@@ -557,6 +573,7 @@ TEST(Ddp, MatchesOneProcessWithTheWholeBatchWorldSize3) {
 }
 
 TEST(Ddp, AccumulationUnderNoSyncEqualsSyncingEveryMicroStep) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(2, {"accumulate"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_TRUE(all_ranks_ok(o, 2, "accumulation with no_sync = without"));
@@ -565,6 +582,7 @@ TEST(Ddp, AccumulationUnderNoSyncEqualsSyncingEveryMicroStep) {
 // With a fused optimizer the trainer updates each bucket as soon as it is reduced (3 ranks: the
 // average is not a power of two): same parameters, to the bit, as one step after all buckets.
 TEST(Ddp, TrainerStepsEachBucketAsItArrivesWithTheSameResult) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(3, {"step_each_bucket"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
   for (const char* optimizer : {"sgd", "adamw"})
@@ -572,6 +590,7 @@ TEST(Ddp, TrainerStepsEachBucketAsItArrivesWithTheSameResult) {
 }
 
 TEST(Ddp, UnusedParametersAndTheOneBackwardRule) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(2, {"unused"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
   EXPECT_TRUE(all_ranks_ok(o, 2, "a parameter unused on some ranks"));
@@ -586,6 +605,7 @@ TEST(Ddp, UnusedParametersAndTheOneBackwardRule) {
 // DDP takes a gradient before autocast's cast to fp32 or rounds an fp32 one (3 ranks: the average
 // is not a power of two, so DDP divides before the sum, as the hook does).
 TEST(Ddp, Bf16CompressionGivesTheResultOfPyTorchsBf16CompressHook) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   for (int world : {2, 3}) {
     Outcome o = launch(world, {"compress"});
     ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -598,6 +618,7 @@ TEST(Ddp, Bf16CompressionGivesTheResultOfPyTorchsBf16CompressHook) {
 }
 
 TEST(Ddp, DifferentModelsOnTheRanksFailWithAClearError) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   Outcome o = launch(2, {"mismatch"}, 60);
   EXPECT_EQ(o.exit_code, 2) << o.output;
   std::string message =
@@ -613,6 +634,7 @@ TEST(Ddp, DifferentModelsOnTheRanksFailWithAClearError) {
 
 // The same scenarios on two GPUs over NCCL (skipped where there are fewer).
 TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
+  AMPLAB_REQUIRE_REFERENCE_DDP();
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   Outcome collectives = launch(2, {"collectives", "--nccl"}, 120);
   ASSERT_EQ(collectives.exit_code, 0) << collectives.output;

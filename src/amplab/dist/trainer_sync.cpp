@@ -4,13 +4,6 @@
 
 namespace amplab::dist {
 
-void attach(Trainer& trainer, DdpGradientSync& sync) {
-  // No agreement on the GradScaler's found_inf is needed: the gradients are averaged before it
-  // looks at them, so every rank sees the same ones (an inf anywhere is an inf everywhere) and
-  // skips or steps with the others, as with PyTorch's DDP.
-  trainer.set_gradient_sync(&sync);
-}
-
 DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm) {
   DistributedHooks hooks;
   hooks.is_main = comm->rank() == 0;
