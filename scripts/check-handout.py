@@ -9,7 +9,8 @@ Builds the hand-out (scripts/make-handout, into a temporary directory) and fails
      characters (after trimming) never count;
   2. the hand-out's core (src/) defines a mechanism that a lab teaches (MECHANISMS below: the
      GradScaler and the training step, activation checkpointing, the memory estimate, the batch
-     finder, gradient accumulation, DDP's gradient synchronization).
+     finder, gradient accumulation, DDP's gradient synchronization), or includes a lab's header
+     (labs/<lab>/*.hpp): the core reaches the labs through contracts only.
 
     scripts/check-handout.py             # builds the hand-out from this checkout, checks it
     scripts/check-handout.py --dir DIR   # checks a hand-out that already exists
@@ -39,8 +40,13 @@ MECHANISMS = [
     ("the memory estimate (lab 3)", re.compile(r"^\w.*\bestimate_memory\s*\(")),
     ("the batch-size finder (lab 3)", re.compile(r"^\w.*\bfind_batch_size\s*\(")),
     ("gradient accumulation (lab 3)", re.compile(r"^\w.*\baccumulate_gradients\s*\(")),
-    ("DDP's gradient synchronization (lab 5)", re.compile(r"\bclass\s+DistributedDataParallel\b|\bPostAccumulateGradHook\b")),
+    ("DDP's gradient synchronization (lab 5)",
+     re.compile(r"\bclass\s+(DistributedDataParallel|\w+Ddp)\b|\bPostAccumulateGradHook\b|\bset_post_acc_grad_hooks\b"
+                r"|\ball_reduce\w*\(.*\bgrad|\bgradient_as_bucket_view\b")),
 ]
+# The core never includes a lab: `#include "<a header of labs/<lab>/>"` (the labs' include path is
+# labs/<lab>, so it is named bare) or a path into labs/, solution/ or starter/ in src/ is a finding.
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 
 
 def normalized(line: str) -> str:
@@ -76,6 +82,7 @@ def fence_runs():
 def check(handout: pathlib.Path) -> list:
     findings = []
     runs = fence_runs()
+    lab_headers = {p.name for p in (handout / "labs").glob("*/*.hpp")}
     for path in sorted(handout.rglob("*")):
         rel = path.relative_to(handout)
         if not path.is_file() or rel.parts[0] in {"starter", ".git"} or path.suffix not in TEXT_SUFFIXES:
@@ -90,6 +97,10 @@ def check(handout: pathlib.Path) -> list:
                                 f"(\"{key[0][:60]}\" ...)")
         if rel.parts[0] == "src" and path.suffix in {".cpp", ".hpp", ".cu"}:
             for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+                include = INCLUDE.match(line)
+                if include and (include.group(1) in lab_headers or
+                                include.group(1).split("/")[0] in {"labs", "solution", "starter"}):
+                    findings.append(f"{rel}:{number}: the core includes a lab's header: \"{line.strip()[:70]}\"")
                 if normalized(line) and not line.lstrip().startswith("//"):
                     for what, pattern in MECHANISMS:
                         if pattern.search(line):
