@@ -14,7 +14,7 @@ namespace ddp_lab {
 // accumulating locally and the synchronized step's finish() averages their sum.
 // The Communicator's collectives are asynchronous: a tensor may be read only once its work is
 // waited for.
-// Pitfalls: the collectives sum; the average needs the division by the world size. A parameter
+// Pitfalls: an all-reduce that sums leaves W times the average (W ranks). A parameter
 // this rank did not use in this step has no .grad (undefined), but the other ranks still send
 // theirs: take part with zeros, or the ranks' calls no longer pair up. Gradient recording must be
 // off while you write into .grad.

@@ -167,6 +167,12 @@ TEST(BadInput, OneLineErrorsAndExitCode2) {
   EXPECT_NE(out.find("(--set bench.width=256); allowed: 1 to bench.width"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_FALSE(std::filesystem::exists(dir.file("ddp_runs"))) << out;
+  // A version of gradient synchronization the lab does not have: the key and the allowed values.
+  EXPECT_EQ(test::run({lab_binary("ddp"), "--set", "dist.sync=ring", "--set", "run.out_dir=" + dir.file("ddp_runs")}, &out), 2);
+  EXPECT_NE(out.find("--set dist.sync=ring: dist.sync: expected one of naive, flat, overlapped, bucketed; got 'ring'"),
+            std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ddp_runs"))) << out;
 }
 
 }  // namespace
