@@ -191,7 +191,8 @@ struct EventLog {
 
 int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
   int64_t n = 0;
-  for (const auto& t : tensors) n += t.numel() * t.element_size();
+  for (const auto& t : tensors)
+    if (t.defined()) n += t.numel() * t.element_size();  // an undefined one: the backend refuses it
   return n;
 }
 
@@ -407,6 +408,11 @@ std::vector<RankRun> train_ranks(SyncKind kind, int world_size, dist::DistConfig
     LoggedSync logged(*sync, log);
     trainer.set_gradient_sync(&logged);
     size_t cut = 0;
+    auto end_of_step = [&] {  // the step's events
+      std::lock_guard<std::mutex> lock(log.mutex);
+      run.events_per_step.emplace_back(log.events.begin() + static_cast<int64_t>(cut), log.events.end());
+      cut = log.events.size();
+    };
     for (step_index = 0; step_index < static_cast<int>(plan().size()); ++step_index) {
       const StepPlan& step = plan()[step_index];
       auto [x, y] = global_batch(step_index, world_size, step.micro);
@@ -417,14 +423,17 @@ std::vector<RankRun> train_ranks(SyncKind kind, int world_size, dist::DistConfig
         micro_index = static_cast<int>(m);
         return amplab::Batch{rows_of(x, r, step.micro, micro_index), rows_of(y, r, step.micro, micro_index)};
       };
-      trainer.step(group);
+      try {
+        trainer.step(group);
+      } catch (...) {
+        end_of_step();  // what happened until it failed, for the checks of the events
+        throw;
+      }
       {
         torch::NoGradGuard no_grad;
         net->running.add_(r + 1);  // the ranks' buffers drift apart, as BatchNorm statistics would
       }
-      std::lock_guard<std::mutex> lock(log.mutex);
-      run.events_per_step.emplace_back(log.events.begin() + static_cast<int64_t>(cut), log.events.end());
-      cut = log.events.size();
+      end_of_step();
       // The same bits on every rank (a collective of the test, on the real communicator).
       auto all = comm->all_gather_bytes(bytes_string(flat_params(*net)));
       for (int q = 1; q < world_size; ++q)
@@ -503,7 +512,8 @@ size_t first_all_reduce(const std::vector<std::string>& events) {
 // In step 0 (every rank uses every parameter) the first all-reduce starts before backward
 // reaches the first layer: communication overlaps the rest of backward.
 ::testing::AssertionResult overlaps_backward(const RankRun& run) {
-  const auto& events = run.events_per_step.at(0);
+  if (run.events_per_step.empty()) return ::testing::AssertionFailure() << "no step ran";
+  const auto& events = run.events_per_step[0];
   if (first_all_reduce(events) < position_of(events, "first layer")) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "no all-reduce started before backward reached the first layer (events: "
                                        << testing::PrintToString(events) << ")";
