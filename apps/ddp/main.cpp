@@ -25,6 +25,7 @@
 #include "amplab/loop.hpp"
 #include "amplab/models.hpp"
 #include "amplab/plots.hpp"
+#include "amplab/report.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
@@ -640,7 +641,10 @@ int main(int argc, char** argv) {
     amplab::InterruptHandler interrupts;
     amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
     int code = config.bench.enabled ? bench(config, setup, run) : train(config, setup, run, yaml, cli);
-    if (config.bench.enabled && run.enabled()) amplab::make_plots("ddp", run);
+    if (config.bench.enabled && run.enabled()) {
+      amplab::make_plots("ddp", run);
+      amplab::write_report(run);  // the README's questions with this run's table and plot
+    }
     setup.comm->shutdown();
     return code;
   });
