@@ -1,0 +1,87 @@
+"""scripts/check-handout.py finds answers planted in a hand-out: three lines of a solution fence
+outside starter/, a mechanism defined in the core, the core including a lab's header; and finds
+none in the hand-out made from this checkout. ctest: handout_holds_no_answers (label core)."""
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHECK = ROOT / "scripts" / "check-handout.py"
+
+
+def fence_lines(path):
+    """The non-trivial lines of the first solution fence of a file, as written."""
+    inside, lines = False, []
+    for line in path.read_text().splitlines():
+        if re.match(r"\s*// BEGIN SOLUTION", line):
+            inside = True
+        elif re.match(r"\s*// END SOLUTION", line):
+            if len(lines) >= 3:
+                return lines
+            inside, lines = False, []
+        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("//"):
+            lines.append(line)
+    return lines
+
+
+class CheckHandout(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="amplab-check-handout-")
+        cls.handout = pathlib.Path(cls.tmp.name) / "handout"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make-handout"), "--no-git", str(cls.handout)],
+                       check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def check(self):
+        return subprocess.run([sys.executable, str(CHECK), "--dir", str(self.handout)], capture_output=True, text=True)
+
+    def planted(self, relative, text):
+        """Runs the check with `text` appended to the hand-out's file, then restores the file."""
+        path = self.handout / relative
+        before = path.read_text()
+        path.write_text(before + "\n" + text + "\n")
+        try:
+            return self.check()
+        finally:
+            path.write_text(before)
+
+    def test_the_handout_of_this_checkout_is_clean(self):
+        result = self.check()
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+    def test_solution_lines_in_the_core_are_found(self):
+        lines = fence_lines(ROOT / "solution" / "amp_training" / "grad_scaler.cpp")
+        self.assertGreaterEqual(len(lines), 3)
+        result = self.planted("src/amplab/timing.cpp", "\n".join(lines[:3]))
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("src/amplab/timing.cpp", result.stdout)
+        self.assertIn("solution/amp_training/grad_scaler.cpp", result.stdout)
+
+    def test_solution_lines_in_a_readme_are_found(self):
+        lines = fence_lines(ROOT / "solution" / "memory_optimization" / "checkpointing.cpp")
+        result = self.planted("labs/memory_optimization/README.md", "```cpp\n" + "\n".join(lines[:4]) + "\n```")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("labs/memory_optimization/README.md", result.stdout)
+
+    def test_a_mechanism_defined_in_the_core_is_found(self):
+        result = self.planted("src/amplab/timing.cpp", "class GradScaler {};")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("the GradScaler", result.stdout)
+        result = self.planted("src/amplab/timing.cpp", "class BucketedDdp;")
+        self.assertIn("DDP's gradient synchronization", result.stdout)
+
+    def test_the_core_including_a_lab_is_found(self):
+        result = self.planted("src/amplab/timing.cpp", '#include "ddp_lab.hpp"')
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("includes a lab's header", result.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
