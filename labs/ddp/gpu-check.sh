@@ -3,8 +3,8 @@
 # root with the project built in build-gpu/ (see ../shared/device/README.md), e.g. in one device
 # command:
 #   bash .device/gpu-build.sh && . .device/env.sh && bash labs/ddp/gpu-check.sh
-# It prints, and writes to $OUT when set (at most 7 files: tests.log, checks.log, bench_1gpu.log,
-# bench_2gpu.log, summary_2gpu.json, timeline_2gpu.json, pytorch_ddp.log):
+# It prints, and writes to $OUT when set (at most 8 files: tests.log, checks.log, bench_1gpu.log,
+# bench_2gpu.log, summary_2gpu.json, timeline_2gpu.json, report_2gpu.md, pytorch_ddp.log):
 #   1. the graded tests on the solution, the *_CUDA ones included: each version trains the lab
 #      identically on two GPUs over NCCL, and the bucketed version's step time against the
 #      reference's (its ratio and the share of the points);
@@ -92,6 +92,7 @@ run_dir=$(ls -d "$work"/bench2/ddp/*/ 2>/dev/null | tail -1)
 if [ -n "$run_dir" ]; then
   cp "$run_dir/summary.json" "$out/summary_2gpu.json"
   [ -f "$run_dir/timeline_bucketed.json" ] && cp "$run_dir/timeline_bucketed.json" "$out/timeline_2gpu.json"
+  [ -f "$run_dir/report.md" ] && cp "$run_dir/report.md" "$out/report_2gpu.md"
 fi
 if command -v torchrun >/dev/null; then
   torchrun --standalone --nproc-per-node 2 bench/ddp_reference.py --steps 50 > "$out/pytorch_ddp.log" 2>&1 || status=1
