@@ -133,7 +133,9 @@ int main(int argc, char** argv) {
       for (int64_t n : bench.matmul_sizes) {
         double cpu = NAN, gpu = NAN;
         if (cpu_ok && n <= bench.cpu_max_size)
-          cpu = gpu_basics::matmul_tflops(n, dtype_of(dtype_name), torch::kCPU, false, 1, std::min(bench.repeats, 3));
+          // As many runs as on the GPU: at small sizes one run is a fraction of a millisecond and a
+          // single late-waking CPU thread decides it, so a median of 3 read 1 GFLOP/s at n = 128.
+          cpu = gpu_basics::matmul_tflops(n, dtype_of(dtype_name), torch::kCPU, false, bench.warmup, bench.repeats);
         if (device.is_cuda())
           gpu = gpu_basics::matmul_tflops(n, dtype_of(dtype_name), device, dtype_name == "tf32", bench.warmup, bench.repeats);
         if (std::isnan(cpu) && std::isnan(gpu)) continue;
