@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       auto pinned = bytes.pin_memory();
       bandwidth.add_row({"host (pinned) -> device", amplab::fixed(gpu_basics::copy_bandwidth_gbs(pinned, device, bench.warmup, bench.repeats), 1)});
       auto on_device = bytes.to(device);
-      bandwidth.add_row({"device -> host (pinned)", amplab::fixed(gpu_basics::copy_bandwidth_gbs(on_device, torch::kCPU, bench.warmup, bench.repeats), 1)});
+      bandwidth.add_row({"device -> host (pageable)", amplab::fixed(gpu_basics::copy_bandwidth_gbs(on_device, torch::kCPU, bench.warmup, bench.repeats), 1)});
       bandwidth.add_row({"device -> device", amplab::fixed(gpu_basics::copy_bandwidth_gbs(on_device, device, bench.warmup, bench.repeats), 1)});
     }
     std::cout << "\n== Memory bandwidth (" << bench.copy_mib << " MiB) ==\n" << bandwidth.to_string();
