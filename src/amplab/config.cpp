@@ -7,6 +7,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -529,6 +530,10 @@ ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string
 }
 
 ConfigSource ConfigSource::load(const std::string& path, const std::vector<std::string>& overrides) {
+  // An ifstream opens a directory and reads nothing from it: that would be an empty config.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw Error("config file '" + path + "' is a directory; pass a YAML file with --config, e.g. configs/mnist.yaml");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error("config file '" + path + "' cannot be opened (tried that path relative to " +

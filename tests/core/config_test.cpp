@@ -170,6 +170,11 @@ TEST(Config, MissingFileSaysWhichPathWasTried) {
                                 {"'/nonexistent/x.yaml'", "cannot be opened"}));
 }
 
+TEST(Config, ADirectoryIsNotAConfigFile) {
+  test::TempDir dir;  // an ifstream opens a directory and reads nothing: it was an empty config
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::load(dir.path().string()); }, {"'" + dir.path().string() + "'", "is a directory"}));
+}
+
 TEST(Config, BinaryFileIsRefused) {
   test::TempDir dir;
   auto path = dir.write("bin.yaml", std::string("a: 1\0\x01\x02", 7));
