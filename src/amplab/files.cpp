@@ -23,7 +23,10 @@ char g_temp_path[4096];
 std::atomic<bool> g_temp_active{false};
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
-  throw IoError(what + " '" + path + "': " + std::strerror(errno));
+  const int error = errno;
+  std::string message = what + " '" + path + "': " + std::strerror(error);
+  if (error == ENOSPC || error == EFBIG || error == EDQUOT) message += "; free disk space and run again";
+  throw IoError(message);
 }
 
 void fsync_directory(const std::string& dir) {
@@ -49,7 +52,7 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     g_temp_active.store(false);
-    fail("cannot create", temp);
+    fail("cannot create", path);
   }
   const char* data = content.data();
   size_t left = content.size();
@@ -62,7 +65,7 @@ void write_file_atomic(const std::string& path, std::string_view content) {
       ::unlink(temp.c_str());
       g_temp_active.store(false);
       errno = saved;
-      fail("cannot write", temp);
+      fail("cannot write", path);
     }
     data += n;
     left -= static_cast<size_t>(n);
@@ -72,7 +75,7 @@ void write_file_atomic(const std::string& path, std::string_view content) {
     ::unlink(temp.c_str());
     g_temp_active.store(false);
     errno = saved;
-    fail("cannot flush", temp);
+    fail("cannot flush", path);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int saved = errno;
