@@ -154,7 +154,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     std::to_string(config.train.batch_size * world.world_size) + ")");
   amplab::FitResult fit = amplab::fit(trainer, batches, options);
   if (fit.status != amplab::FitStatus::completed) {
-    if (world.is_main()) std::cerr << fit.message << "\n";
+    if (world.is_main()) std::cerr << (fit.exit_code == amplab::kExitFailure ? "error: " : "") << fit.message << "\n";
     return fit.exit_code;
   }
 

@@ -296,8 +296,8 @@ int main(int argc, char** argv) {
     try {
       results = mnist::run_benchmark(modes, amplab::cuda_available(), run_mode);
     } catch (const StopRun& stop) {
-      amplab::log::error(stop.message);
-      std::cerr << stop.message << "\n";
+      amplab::log::error_to_file(stop.message);  // the console gets it once, below
+      std::cerr << (stop.exit_code == amplab::kExitFailure ? "error: " : "") << stop.message << "\n";
       return stop.exit_code;
     }
 
