@@ -4,10 +4,8 @@
 // as the workers (see dist_worker.cpp for what each scenario checks); each process loads torch,
 // about half a second.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -27,6 +25,7 @@
 #include "amplab/models.hpp"
 #include "amplab/precision.hpp"
 #include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
+#include "process.hpp"
 #include "support.hpp"
 
 extern char** environ;
@@ -136,18 +135,6 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
     if (!contains(o.output, line)) return ::testing::AssertionFailure() << "missing \"" << line << "\" in:\n" << o.output;
   }
   return ::testing::AssertionSuccess();
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // ------------------------------------------------------------------ the worker environment
@@ -668,7 +655,7 @@ TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
 
 std::vector<std::string> lone_rank_env(int rank) {
   return {"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank), "WORLD_SIZE=2",
-          "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(free_port())};
+          "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(test::free_port())};
 }
 
 TEST(Rendezvous, RankZeroNamesTheRankThatNeverArrived) {

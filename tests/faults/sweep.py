@@ -154,6 +154,12 @@ def judge_error(rc, out, names, cmd):
     return "ok", errors[0][:200], cmd
 
 
+def refused(cmd, names, timeout=60):
+    """Runs bad input and judges the refusal (judge_error)."""
+    rc, out, _ = run(cmd, timeout)
+    return judge_error(rc, out, names, " ".join(cmd))
+
+
 # ---- the cases ---------------------------------------------------------------------------------
 
 def help_keys(binary):
@@ -214,8 +220,7 @@ def config_cases(bindir, out_root):
         # a typo of a real key: the error suggests it
         def typo(lab=lab):
             cmd = [str(bindir / lab), "--set", "run.seeed=2"]
-            rc, out, _ = run(cmd, 60)
-            return judge_error(rc, out, ["did you mean 'run.seed'"], " ".join(cmd))
+            return refused(cmd, ["did you mean 'run.seed'"])
         cases.append(Case(f"config/{lab}/misspelled key", "config", typo))
     return cases
 
@@ -238,22 +243,19 @@ def yaml_cases(bindir, out_root):
                 path = pathlib.Path(tempfile.mkdtemp(dir=out_root)) / "bad.yaml"
                 path.write_text(body)
                 cmd = [str(bindir / lab), "--config", str(path), "--set", f"run.out_dir={path.parent}/runs"]
-                rc, out, _ = run(cmd, 60)
-                return judge_error(rc, out, [str(path)] + names, " ".join(cmd))
+                return refused(cmd, [str(path)] + names)
             cases.append(Case(f"yaml/{lab}/{what}", "yaml", go))
 
         def binary_file(lab=lab):
             path = pathlib.Path(tempfile.mkdtemp(dir=out_root)) / "bad.yaml"
             path.write_bytes(bytes(range(256)) * 4)
             cmd = [str(bindir / lab), "--config", str(path)]
-            rc, out, _ = run(cmd, 60)
-            return judge_error(rc, out, [str(path)], " ".join(cmd))
+            return refused(cmd, [str(path)])
         cases.append(Case(f"yaml/{lab}/binary file", "yaml", binary_file))
 
         def missing(lab=lab):
             cmd = [str(bindir / lab), "--config", "/nonexistent/amplab.yaml"]
-            rc, out, _ = run(cmd, 60)
-            return judge_error(rc, out, ["/nonexistent/amplab.yaml"], " ".join(cmd))
+            return refused(cmd, ["/nonexistent/amplab.yaml"])
         cases.append(Case(f"yaml/{lab}/missing file", "yaml", missing))
     return cases
 
@@ -273,22 +275,19 @@ def cli_cases(bindir, out_root):
         for what, (args, names) in lines.items():
             def go(lab=lab, args=args, names=names):
                 cmd = [str(bindir / lab)] + args
-                rc, out, _ = run(cmd, 60)
-                return judge_error(rc, out, names, " ".join(cmd))
+                return refused(cmd, names)
             cases.append(Case(f"cli/{lab}/{what}", "cli", go))
     for lab in ["amp_training", "mnist", "ddp"]:
         def resume_missing(lab=lab):
             out_dir = tempfile.mkdtemp(dir=out_root)
             cmd = [str(bindir / lab), "--set", "run.device=cpu", "--set", f"run.out_dir={out_dir}", "--resume", f"{out_dir}/nope.ckpt"]
-            rc, out, _ = run(cmd, 60)
-            return judge_error(rc, out, [f"{out_dir}/nope.ckpt"], " ".join(cmd))
+            return refused(cmd, [f"{out_dir}/nope.ckpt"])
         cases.append(Case(f"cli/{lab}/--resume a missing file", "cli", resume_missing))
 
         def resume_latest_empty(lab=lab):
             out_dir = tempfile.mkdtemp(dir=out_root)
             cmd = [str(bindir / lab), "--set", "run.device=cpu", "--set", f"run.out_dir={out_dir}", "--resume", "latest"]
-            rc, out, _ = run(cmd, 60)
-            return judge_error(rc, out, ["latest"], " ".join(cmd))
+            return refused(cmd, ["latest"])
         cases.append(Case(f"cli/{lab}/--resume latest with no checkpoint", "cli", resume_latest_empty))
     return cases
 
@@ -334,8 +333,7 @@ def data_cases(bindir, out_root):
             else:
                 target.write_bytes(gzip.compress(raw, 1))
             cmd = [str(bindir / "mnist")] + TINY + ["--set", f"data.dir={work}", "--set", f"run.out_dir={work}/runs"]
-            rc, out, _ = run(cmd, 120)
-            return judge_error(rc, out, [name], " ".join(cmd))
+            return refused(cmd, [name], timeout=120)
         return go
 
     cases = []
@@ -472,8 +470,7 @@ def checkpoint_cases(bindir, out_root):
                 data = bytearray(len(data))
             bad.write_bytes(bytes(data))
             cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={work}", "--resume", str(bad)]
-            rc, out, _ = run(cmd, 120)
-            return judge_error(rc, out, [str(bad)], " ".join(cmd))
+            return refused(cmd, [str(bad)], timeout=120)
         return go
 
     cases = [Case(f"checkpoint/{how}", "checkpoint", corrupted(how), 300) for how in
@@ -490,8 +487,7 @@ def checkpoint_cases(bindir, out_root):
             checkpoints.mkdir(parents=True)
             (checkpoints / "latest").write_bytes(content)
             cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={work}", "--resume", "latest"]
-            rc, out, _ = run(cmd, 120)
-            return judge_error(rc, out, ["latest"], " ".join(cmd))
+            return refused(cmd, ["latest"], timeout=120)
         return Case(f"checkpoint/'latest' {what}", "checkpoint", go, 300)
     cases += [latest(b"", "empty"), latest(bytes(range(256)), "binary"),
               latest(b"20990101-000000-cpu-step-00000001.ckpt\n", "naming a missing file"),
@@ -505,8 +501,7 @@ def checkpoint_cases(bindir, out_root):
         if not found:
             return "skipped", "the ddp run made no checkpoint", ""
         cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={work}", "--resume", str(found[-1])]
-        rc, out, _ = run(cmd, 120)
-        return judge_error(rc, out, [str(found[-1]), "ddp"], " ".join(cmd))
+        return refused(cmd, [str(found[-1]), "ddp"], timeout=120)
     cases.append(Case("checkpoint/another lab's checkpoint", "checkpoint", other_lab, 300))
     return cases
 
@@ -592,8 +587,7 @@ def disk_full_cases(bindir, out_root):
             return "skipped", "cannot mount a tmpfs here (needs root)", ""
         try:
             cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={mount}"]
-            rc, out, _ = run(cmd, 180)
-            return judge_error(rc, out, [str(mount)], " ".join(cmd))
+            return refused(cmd, [str(mount)], timeout=180)
         finally:
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
     return [Case("disk/out_dir on a full 1 MB tmpfs", "disk", full, 240)]

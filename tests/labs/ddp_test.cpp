@@ -13,8 +13,6 @@
 // The last tests start the lab binary through amplab-run on 2 and 3 CPU processes, and on 2 GPUs
 // where there are two (the *_CUDA tests, with the speed of the bucketed version).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -132,23 +130,11 @@ TEST(Ddp3_RankZeroWrites, OnlyRankZeroCreatesTheRunDirectory) {
 
 // ---------------------------------------------------------------- ranks as threads
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Runs body(rank, communicator) on `world_size` threads, each a rank of one job on the cpu
 // backend. Returns each rank's error message ("" where it finished).
 std::vector<std::string> run_ranks(int world_size, const std::function<void(int, std::shared_ptr<dist::Communicator>)>& body) {
   at::set_num_threads(1);  // the ranks are the parallelism (and the sums repeat to the bit)
-  const int port = free_port();
+  const int port = test::free_port();
   std::vector<std::string> errors(world_size);
   std::vector<std::thread> ranks;
   for (int r = 0; r < world_size; ++r) {

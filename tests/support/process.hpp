@@ -8,6 +8,9 @@
 
 namespace amplab::test {
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous store).
+int free_port();
+
 class Child {
  public:
   // Starts argv[0] (a path) with argv; stdout and stderr both go to one pipe.
