@@ -10,6 +10,7 @@
 #include "amplab/env.hpp"
 #include "amplab/error.hpp"
 #include "amplab/log.hpp"
+#include "amplab/signals.hpp"
 
 namespace amplab {
 
@@ -51,6 +52,12 @@ std::optional<int> parse_command_line(int argc, char** argv, const std::string& 
     std::cerr << "error: " << lab << ": " << e.what() << " (see " << lab << " --help)\n";
     return kExitUsage;
   }
+  // `--resume "$CKPT"` with the variable unset: not a fresh start without a word.
+  if (accepts_resume && app.count("--resume") > 0 && out.resume.empty()) {
+    std::cerr << "error: " << lab << ": --resume was given an empty path (an unset variable?); pass a checkpoint file, "
+              << "latest or auto, or leave --resume out to start fresh\n";
+    return kExitUsage;
+  }
   return std::nullopt;
 }
 
@@ -75,6 +82,7 @@ int check_unwritten(int exit_code) {
 }
 
 int guarded_main(const std::function<int()>& body) {
+  survive_the_terminal();  // before any file is opened: a closed stdout must not be reused
   try {
     return check_unwritten(body());
   } catch (const NotImplemented& e) {

@@ -1,11 +1,12 @@
 #include "amplab/signals.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <cstring>
-#include <utility>
+#include <iterator>
 
 #include "amplab/files.hpp"
 
@@ -13,8 +14,9 @@ namespace amplab {
 
 namespace {
 
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 volatile sig_atomic_t g_signal = 0;
-struct sigaction g_previous_int, g_previous_term;
+struct sigaction g_previous[3];
 
 void on_signal(int sig) {
   if (g_signal != 0) {
@@ -27,6 +29,7 @@ void on_signal(int sig) {
     ::_exit(128 + sig);
   }
   g_signal = sig;
+  // A write to a terminal that is gone fails (EIO, EPIPE): nothing depends on this line.
   const char message[] = "\ninterrupt received: stopping after the current step "
                          "(press Ctrl-C again to exit at once)\n";
   ssize_t ignored = ::write(STDERR_FILENO, message, sizeof message - 1);
@@ -35,6 +38,19 @@ void on_signal(int sig) {
 
 }  // namespace
 
+void survive_the_terminal() {
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int null = ::open("/dev/null", O_RDWR);  // takes the lowest free number: `fd` itself
+    if (null >= 0 && null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
+}
+
 InterruptHandler::InterruptHandler() {
   g_signal = 0;
   struct sigaction action;
@@ -42,17 +58,16 @@ InterruptHandler::InterruptHandler() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // a signal must not make a blocking read or write fail with EINTR
-  // A signal ignored when the program started stays ignored (POSIX's rule for shells: `nohup`,
-  // and jobs started with & in a script, ignore SIGINT on purpose).
-  for (auto [signo, previous] : {std::pair{SIGINT, &g_previous_int}, std::pair{SIGTERM, &g_previous_term}}) {
-    sigaction(signo, nullptr, previous);
-    if (previous->sa_handler != SIG_IGN) sigaction(signo, &action, nullptr);
+  // A signal ignored when the program started stays ignored (POSIX's rule for shells: `nohup`
+  // ignores SIGHUP, and jobs started with & in a script ignore SIGINT, on purpose).
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    sigaction(kStopSignals[i], nullptr, &g_previous[i]);
+    if (g_previous[i].sa_handler != SIG_IGN) sigaction(kStopSignals[i], &action, nullptr);
   }
 }
 
 InterruptHandler::~InterruptHandler() {
-  sigaction(SIGINT, &g_previous_int, nullptr);
-  sigaction(SIGTERM, &g_previous_term, nullptr);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
 int interrupt_signal() { return g_signal; }

@@ -12,6 +12,7 @@
 // nodes (each node is started by hand with the same --nnodes/--master-addr/--master-port and
 // its own --node-rank).
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,6 +80,9 @@ int usage_error(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: `amplab-run ... | head -1` must not die of its first line (and take its
+  // workers with it). Workers get SIGPIPE back (supervisor.cpp) and decide for themselves.
+  signal(SIGPIPE, SIG_IGN);
   int nproc_per_node = 1, nnodes = 1, node_rank = 0, master_port = 0;
   std::string master_addr;
   bool standalone = false;

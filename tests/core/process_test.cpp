@@ -300,12 +300,82 @@ TEST(Resume, AnotherLabsCheckpointIsRefusedByName) {
   }
 }
 
-// A full disk (a file-size limit, with SIGXFSZ ignored, as a shell would set it) never loses
-// output silently: the run ends with exit code 4 naming the file, not 0.
+// ---- The terminal: a console whose reader is gone, a hang-up, closed descriptors --------------
+
+// A bash command line that runs mnist with `args`, each quoted.
+std::string shell_words(const std::vector<std::string>& args) {
+  std::string words;
+  for (const auto& a : args) words += " '" + a + "'";
+  return words;
+}
+
+// The run's log file (runs/mnist/<stamp>/mnist.log) once it holds `needle`; "" after `timeout_s`.
+std::string wait_for_log(const test::TempDir& dir, const std::string& needle, double timeout_s) {
+  for (double waited = 0; waited < timeout_s; waited += 0.1) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("runs"), ec)) {
+      if (e.path().filename() != "mnist.log") continue;
+      std::string text = read_file(e.path().string());
+      if (text.find(needle) != std::string::npos) return text;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+// The checkpoint an interrupted run names in its log file, and that it resumes to the end.
+void expect_saved_and_resumable(const test::TempDir& dir, const std::string& log) {
+  auto saved = log.find("checkpoint saved to ");
+  ASSERT_NE(saved, std::string::npos) << log;
+  std::string path = log.substr(saved + 20, log.find(';', saved) - saved - 20);
+  EXPECT_EQ(read_checkpoint_info(path).lab, "mnist");
+  auto args = mnist_args(dir, 50);
+  args.insert(args.end(), {"--set", "mnist.cpu_epochs=3", "--resume", path, "--force"});
+  std::string out;
+  EXPECT_EQ(test::run(args, &out, 120), 0) << out;
+  EXPECT_NE(out.find("resumed from " + path), std::string::npos) << out;
+}
+
+// `mnist 2>&1 | tee log` and Ctrl-C: tee dies first, and the run's next console line meets a
+// pipe with no reader. The run must not die of SIGPIPE before it saves: the interrupt saves a
+// checkpoint that resumes, and the log file has every line the console lost.
+TEST(Terminal, AnInterruptAfterTheConsoleReaderDiedStillSaves) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  // exec: the child is mnist itself; its console is a pipe whose reader leaves after one byte.
+  test::Child child({"/bin/bash", "-c", "exec" + shell_words(mnist_args(dir, 50)) + " 2> >(head -c 1 >/dev/null) >&2"});
+  ASSERT_FALSE(wait_for_log(dir, "[cpu] epoch 1/50 2/", 60).empty()) << "the run did not train on";
+  child.signal(SIGINT);
+  EXPECT_EQ(child.wait(60), 130);
+  std::string log = wait_for_log(dir, "interrupted at epoch", 5);
+  ASSERT_FALSE(log.empty()) << "no 'interrupted at' in the log file";
+  expect_saved_and_resumable(dir, log);
+}
+
+// A closed terminal (SIGHUP) stops the run as SIGTERM does: after the step, with a checkpoint.
+// Started with stdout and stderr closed, nothing the run opens takes their numbers: the
+// checkpoint directory's lock file holds its one line, not the console's.
+TEST(Terminal, AHangUpWithClosedDescriptorsSavesAndTheLockFileStaysClean) {
+  test::TempDir dir;
+  write_tiny_dataset(dir);
+  test::Child child({"/bin/bash", "-c", "exec" + shell_words(mnist_args(dir, 50)) + " <&- >&- 2>&-"});
+  ASSERT_FALSE(wait_for_log(dir, "[cpu] epoch 1/50 2/", 60).empty()) << "the run did not train on";
+  child.signal(SIGHUP);
+  EXPECT_EQ(child.wait(60), 128 + SIGHUP);
+  std::string lock = read_file(dir.file("runs/mnist/checkpoints/.lock"));
+  EXPECT_EQ(lock.rfind("pid ", 0), 0u) << lock;
+  EXPECT_EQ(std::count(lock.begin(), lock.end(), '\n'), 1) << lock;
+  std::string log = wait_for_log(dir, "interrupted at epoch", 5);
+  ASSERT_FALSE(log.empty()) << "no 'interrupted at' in the log file";
+  expect_saved_and_resumable(dir, log);
+}
+
+// A full disk (here a file-size limit, ulimit -f) never loses output silently: the run ends with
+// exit code 4 naming the file, not 0, and not killed by SIGXFSZ (the run ignores it itself).
 TEST(DiskFull, OutputThatCannotBeWrittenFailsTheRunNamingTheFile) {
   test::TempDir dir;
   write_tiny_dataset(dir);
-  std::string command = "trap '' XFSZ; ulimit -f 4; exec";  // 4 KiB per file: the log outgrows it
+  std::string command = "ulimit -f 4; exec";  // 4 KiB per file: the log outgrows it
   for (const auto& a : mnist_args(dir, 2)) command += " '" + a + "'";
   command += " --set checkpoint.every_epoch=false --set checkpoint.on_interrupt=false --set memory.timeline=false";
   std::string out;
