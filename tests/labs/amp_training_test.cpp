@@ -12,6 +12,9 @@
 #include <torch/torch.h>
 
 #include <ATen/autocast_mode.h>
+#if AMPLAB_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -171,6 +174,39 @@ TEST(AmpTraining1_Scale, DisabledIsAPassThrough) {
   EXPECT_TRUE(scaler.step(toy.optimizer)) << "a disabled scaler always steps";
   scaler.update();
   EXPECT_FALSE(test::tensors_equal(toy.model->weight, before));
+}
+
+// Once update() has changed the scale, scale() multiplies by the scale as it is now, not by
+// init_scale (nor by a scale made afresh each call): a backoff to 32768, then growth to 65536 and
+// 131072 (growth_interval 1). update(), step() and unscale_ are the reference's when this grades
+// TODO 1; only the scale tensor's creation and use are yours.
+TEST(AmpTraining1_Scale, MultipliesByTheCurrentScaleAfterUpdate) {
+  GradScalerConfig config;
+  config.growth_interval = 1;  // every clean step doubles the scale
+  GradScaler scaler(config);
+  Toy toy;
+  auto training_step = [&](double multiplier) {
+    toy.optimizer.zero_grad();
+    scaler.scale(toy.loss() * multiplier).backward();
+    scaler.step(toy.optimizer);
+    scaler.update();
+  };
+  auto expect_scale_uses = [&](double current, const std::string& after) {
+    ASSERT_EQ(scaler.get_scale(), current) << "the scale after " << after << " (update() is not graded here)";
+    torch::Tensor loss = torch::tensor(0.375f);
+    torch::Tensor scaled = scaler.scale(loss);
+    ASSERT_TRUE(scaled.defined());
+    const double used = scaled.item<double>() / 0.375;
+    if (used != current)
+      ADD_FAILURE() << "scale() used " << used << " after " << after << " to " << current
+                    << ": multiply by the current scale (the tensor update() changes), not by init_scale";
+    EXPECT_EQ(scaler.get_scale(), current) << "scale() must not reset the scale";
+  };
+  training_step(1e38);  // finite in fp32, inf once scaled: the step is skipped and the scale halves
+  expect_scale_uses(32768.0, "a backoff");
+  training_step(1.0);
+  training_step(1.0);
+  expect_scale_uses(131072.0, "two growths");
 }
 
 // ---- TODO(amp_training-2): unscale_ ---------------------------------------------------------------
@@ -742,6 +778,121 @@ TEST(AmpTrainingGpu, Bf16HasNoScalerAndBf16Outputs_CUDA) {
   EXPECT_EQ(seen, torch::kBFloat16);
   EXPECT_EQ(net->fc1->weight.scalar_type(), torch::kFloat);
   EXPECT_LT(last, first);
+}
+
+// TODO 1 on a GPU: the scale tensor is made lazily on the loss's device. A scale made on the CPU
+// still gives a CUDA scaled loss (a 0-dim CPU tensor broadcasts), but unscale_, the inf check and
+// update() then mix devices. found_inf() is made on the scale's device (the reference unscale_),
+// so its device is the scale's.
+TEST(AmpTrainingGpu, TheScaleIsMadeOnTheLossDevice_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::Device gpu(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 2);
+  model->to(gpu);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  torch::Tensor loss = model(torch::ones({3, 4}, gpu)).pow(2).mean();
+  torch::Tensor scaled = scaler.scale(loss);
+  ASSERT_TRUE(scaled.defined());
+  EXPECT_EQ(scaled.device(), gpu) << "scale() returned a loss on " << scaled.device() << "; the loss is on " << gpu;
+  EXPECT_EQ(scaled.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(test::tensors_equal(scaled.cpu(), loss.cpu() * 65536.0f));
+  scaled.backward();
+  try {
+    scaler.unscale_(sgd);
+  } catch (const std::exception& e) {
+    FAIL() << "unscale_ failed on " << gpu << " gradients: is the scale tensor scale() made on the loss's device ("
+           << gpu << ")? " << e.what();
+  }
+  EXPECT_TRUE(scaler.step(sgd));
+  ASSERT_TRUE(scaler.found_inf().defined());
+  EXPECT_EQ(scaler.found_inf().device(), gpu) << "the scale tensor is on " << scaler.found_inf().device()
+                                              << ", not on the loss's device " << gpu
+                                              << ": make it (and the growth tracker) with the loss's device";
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+}
+
+#if AMPLAB_WITH_CUDA
+// CUDA's sync debug mode set to error for its lifetime (torch.cuda.set_sync_debug_mode("error")):
+// every operation that makes the host wait for the GPU (.item(), a copy to or from the CPU, a
+// stream or device synchronize, nonzero...) throws instead. Restores the mode it found.
+struct SyncsAreErrors {
+  c10::cuda::SyncDebugMode previous = c10::cuda::warning_state().get_sync_debug_mode();
+  SyncsAreErrors() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR); }
+  ~SyncsAreErrors() { c10::cuda::warning_state().set_sync_debug_mode(previous); }
+  SyncsAreErrors(const SyncsAreErrors&) = delete;
+  SyncsAreErrors& operator=(const SyncsAreErrors&) = delete;
+};
+#endif
+
+// TODO 7 on a GPU: train_step never makes the host wait for the GPU (the lab's README: the one
+// sync a step may need is the scaler's skip decision, and with a fused optimizer even that stays
+// on the device, so a step can be captured as a CUDA graph). fp16 with the scaler (an overflowing
+// step included), fp16 with clipping (unscale_, the norm), bf16 without a scaler; fused SGD
+// throughout, so the reference's GradScaler::step decides the skip on the device (with a plain
+// optimizer it reads found_inf on the host, by design: that sync is the scaler's, not the step's).
+// Three warm-up steps run first, outside the check (cuBLAS handles, lazy state).
+TEST(AmpTrainingGpu, TheStepNeverSyncsTheHost_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+#if !AMPLAB_WITH_CUDA
+  GTEST_SKIP() << "LibTorch without CUDA";
+#else
+  torch::Device gpu(torch::kCUDA, 0);
+  struct Case {
+    Precision precision;
+    double clip;
+  };
+  for (Case c : {Case{Precision::fp16_mixed, 0.0}, Case{Precision::fp16_mixed, 1.0}, Case{Precision::bf16_mixed, 0.0}}) {
+    const std::string where = amplab::to_string(c.precision) + (c.clip > 0 ? " with clipping" : "");
+    SCOPED_TRACE(where);
+    torch::manual_seed(0);
+    auto net = std::make_shared<GpuMlp>();
+    net->to(gpu);
+    bool overflow = false;
+    amplab::LossFn loss_fn = [&](const amplab::Batch& b) {
+      auto loss = torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
+      return overflow ? loss * 1e38 : loss;
+    };
+    amplab::TrainConfig config;
+    config.precision = c.precision;
+    config.grad_clip_norm = c.clip;
+    config.optimizer.lr = 0.01;
+    config.optimizer.momentum = 0.9;
+    config.optimizer.fused = true;
+    config.progress = false;
+    amplab::Trainer trainer(net, loss_fn, config, gpu, amplab::course_mechanisms());
+    amplab::Batch batch{torch::randn({64, 256}, gpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(gpu))};
+    for (int step = 0; step < 3; ++step) {  // warm-up, unchecked
+      amp_training::train_step(trainer, batch);
+      trainer.optimizer().zero_grad(/*set_to_none=*/true);
+    }
+    torch::cuda::synchronize();
+    std::vector<amplab::StepResult> results;
+    for (int step = 0; step < 4; ++step) {
+      overflow = step == 1 && trainer.scaler().is_enabled();
+      try {
+        SyncsAreErrors syncs_are_errors;
+        results.push_back(amp_training::train_step(trainer, batch));
+      } catch (const c10::Error& e) {
+        FAIL() << where << ", step " << step
+               << ": the training step synchronized the host with the GPU (an .item(), a CPU copy or a "
+                  "non-blocking check): "
+               << e.what_without_backtrace();
+      }
+      trainer.optimizer().zero_grad(/*set_to_none=*/true);
+    }
+    for (size_t step = 0; step < results.size(); ++step) {
+      ASSERT_TRUE(results[step].loss.defined()) << "step " << step;
+      EXPECT_TRUE(std::isfinite(results[step].loss.item<double>())) << "step " << step;
+      if (trainer.scaler().is_enabled()) {
+        ASSERT_TRUE(results[step].skipped.defined()) << "step " << step;
+        EXPECT_EQ(results[step].skipped.item<double>(), step == 1 ? 1.0 : 0.0) << "step " << step;
+      }
+    }
+  }
+#endif
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -434,6 +435,62 @@ TEST(MemoryOptimization4_Checkpoint, ReplaysTheForwardsAutocast) {
   got.backward();
   EXPECT_TRUE(test::tensors_equal(got, want));
   expect_same_grads(*ckpt, *plain, "bf16 autocast");
+}
+
+// The recomputation also replays the forward's CUDA autocast state (enabled and dtype), not only
+// the CPU's: a checkpointed segment of a model on a GPU must recompute in fp16/bf16 as its
+// forward did. Autocast's flags are thread-local settings, so this runs on the CPU: the segment
+// records CUDA's flags when it runs (the forward, then the recomputation in backward), and
+// backward runs under other flags than the forward.
+TEST(MemoryOptimization4_Checkpoint, ReplaysTheForwardsCudaAutocastToo) {
+  struct Flags {
+    bool enabled;
+    c10::ScalarType dtype;
+  };
+  auto describe = [](const Flags& f) {
+    if (!f.enabled) return std::string("off");
+    return std::string("on (") + (f.dtype == c10::kHalf ? "fp16" : f.dtype == c10::kBFloat16 ? "bf16" : c10::toString(f.dtype)) + ")";
+  };
+  struct Case {
+    Flags forward, backward;
+  };
+  const Case cases[] = {
+      {{true, c10::kHalf}, {false, c10::kHalf}},       // on in the forward, off around backward
+      {{true, c10::kBFloat16}, {false, c10::kHalf}},   // the dtype too, not only the switch
+      {{false, c10::kHalf}, {true, c10::kBFloat16}},   // off in the forward, on around backward
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("forward with CUDA autocast " + describe(c.forward) + ", backward with it " + describe(c.backward));
+    torch::manual_seed(0);
+    auto w = torch::randn({3}, torch::requires_grad());
+    auto x = torch::randn({2, 3});
+    std::vector<Flags> seen;
+    mo::Segment segment = [&](const torch::Tensor& t) {
+      seen.push_back({at::autocast::is_autocast_enabled(c10::kCUDA), at::autocast::get_autocast_dtype(c10::kCUDA)});
+      return (t * w).tanh();
+    };
+    torch::Tensor y;
+    {
+      amplab::AutocastGuard cuda(c10::kCUDA, c10::kHalf, false);  // what the guards below change is put back
+      {
+        amplab::AutocastGuard forward(c10::kCUDA, c.forward.dtype, c.forward.enabled);
+        y = mo::checkpoint(segment, x, {w}).sum();
+      }
+      amplab::AutocastGuard backward(c10::kCUDA, c.backward.dtype, c.backward.enabled);
+      y.backward();
+    }
+    ASSERT_EQ(seen.size(), 2u) << "the segment should run twice: the forward, then its recomputation in backward";
+    const Flags& at_forward = seen[0];
+    const Flags& at_recompute = seen[1];
+    ASSERT_EQ(at_forward.enabled, c.forward.enabled) << "the forward ran with CUDA autocast " << describe(at_forward);
+    const bool same = at_recompute.enabled == at_forward.enabled && (!at_forward.enabled || at_recompute.dtype == at_forward.dtype);
+    if (!same)
+      ADD_FAILURE() << "the recompute ran with CUDA autocast " << describe(at_recompute) << "; the forward had it "
+                    << describe(at_forward) << " (replay CUDA's autocast state as well as the CPU's)";
+    ASSERT_TRUE(w.grad().defined()) << "no gradient for the segment's parameter";
+    EXPECT_TRUE(test::tensors_close(w.grad(), ((1 - (x * w).tanh().pow(2)) * x).sum(0).detach(), 1e-6, 1e-7));
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCUDA));
 }
 
 // Parameter gradients reach .grad through the engine: they add up across backward passes,
