@@ -51,6 +51,8 @@ FIELDS = {
                   "runs the student's code for its own TODO only, the reference for the rest",
     "points": "points for passing (a number >= 0)",
     "time_limit_s": "seconds before the test's process is killed (default 60)",
+    "memory_mb": "MiB of address space the test's process may use (default 8192; tests that need a GPU get no "
+                 "such limit: CUDA maps more than that)",
     "gpus": "GPUs the test needs (default 0); without them it is reported 'needs GPU' and not scored",
     "visibility": "Gradescope visibility: " + ", ".join(VISIBILITIES) + " (default visible)",
     "env": "environment variables for the test's process, e.g. {CUDA_VISIBLE_DEVICES: ''}",
@@ -59,7 +61,7 @@ FIELDS = {
     "partial": "true: a pass scores points x the points_fraction (0..1) the test records with "
                "RecordProperty (performance tests); none recorded scores 0 (default false)",
 }
-DEFAULTS = {"time_limit_s": 60, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": "",
+DEFAULTS = {"time_limit_s": 60, "memory_mb": 8192, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": "",
             "partial": False}
 # The property a partial test records (gtest's RecordProperty, in its JSON report).
 POINTS_FRACTION = "points_fraction"
@@ -94,6 +96,7 @@ class RubricTest:
     points: float
     also_needs: list = dataclasses.field(default_factory=list)
     time_limit_s: float = 60
+    memory_mb: int = 8192
     gpus: int = 0
     visibility: str = "visible"
     env: dict = dataclasses.field(default_factory=dict)
@@ -118,6 +121,9 @@ def _check_value(where, key, value):
     elif key == "time_limit_s":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise RubricError(f"{where}: 'time_limit_s' must be a number of seconds > 0, not {value!r}")
+    elif key == "memory_mb":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 256:
+            raise RubricError(f"{where}: 'memory_mb' must be a whole number of MiB >= 256, not {value!r}")
     elif key == "gpus":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise RubricError(f"{where}: 'gpus' must be a whole number >= 0, not {value!r}")
@@ -187,6 +193,7 @@ def load_rubric(path, lab=None):
                 raise RubricError(f"{where}: TODO id '{todo}' is not of the form {file_lab}-<n>")
         tests.append(RubricTest(lab=file_lab, test=values["test"], todo=values["todo"], points=values["points"],
                                 also_needs=list(values.get("also_needs", [])), time_limit_s=values["time_limit_s"],
+                                memory_mb=values["memory_mb"],
                                 gpus=values["gpus"], visibility=values["visibility"],
                                 env={k: str(v) for k, v in values["env"].items()},
                                 tags=list(values["tags"]), description=values["description"],

@@ -203,6 +203,97 @@ class MergedSources(unittest.TestCase):
                                  "int one() { return two(1); }\n"))
 
 
+@unittest.skipUnless(HAVE_MAKE_STARTER, "an instructor's script (not in a hand-out)")
+class GradingVariants(unittest.TestCase):
+    """make-starter.py's variant_text: the student's code in the chosen holes, the reference in the
+    others, chosen when the file is written."""
+
+    def variant(self, student, selected):
+        return make_starter.variant_text(SOLUTION, "solution/lab/x.cpp", student, "starter/lab/x.cpp", selected)
+
+    def test_the_graded_todos_reference_is_not_in_the_file(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        student = starter.replace('  AMPLAB_TODO("lab-2");\n', "  return x * 2;\n")
+        text = self.variant(student, {"lab-2"})
+        self.assertIn("return x * 2;", text)
+        self.assertNotIn("int y = x + 1;", text)  # lab-2's reference: absent
+        self.assertIn("  return 1;\n", text)      # lab-1: the reference
+        self.assertNotIn('AMPLAB_TODO("lab-1")', text)
+        self.assertNotIn("amplab_student_todo", text)  # nothing to switch at run time
+        self.assertIn('#line 6 "course-reference/x.cpp"', text)  # no instructor path in messages
+        other = self.variant(student, {"lab-1"})
+        self.assertIn('AMPLAB_TODO("lab-1");', other)  # their (empty) hole
+        self.assertIn("int y = x + 1;", other)
+        self.assertNotIn("return x * 2;", other)
+
+    def test_a_marker_left_after_filled_code_is_still_the_students_hole(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        student = starter.replace('  AMPLAB_TODO("lab-1");\n', '  return 7;\n  AMPLAB_TODO("lab-1");\n')
+        text = self.variant(student, {"lab-1"})
+        self.assertIn('  return 7;\n  AMPLAB_TODO("lab-1");\n', text)
+        reference = self.variant(student, {"lab-2"})
+        self.assertNotIn("return 7;", reference)  # all of it was recognised as the hole's code
+        self.assertNotIn('AMPLAB_TODO("lab-1")', reference)
+
+    def test_changed_given_code_around_a_hole_is_refused(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        student = starter.replace("int two(int x) {", "int two(int x, int z = 0) {")
+        with self.assertRaises(make_starter.MergeError) as caught:
+            self.variant(student, {"lab-2"})
+        self.assertIn("lab-2", str(caught.exception))
+
+
+class Screening(unittest.TestCase):
+    """amplab_screen: what a submission may not contain, found however it is written."""
+
+    def test_reaching_outside_the_students_code_is_found(self):
+        import amplab_screen
+        text = textwrap.dedent('''\
+            #include "../../solution/lab/x.cpp"
+            %:include </etc/passwd>
+            #define private public
+            asm(".incbin \\"x\\"");
+            a\\
+            sm("nop");
+            #define CAT(a, b) a##b
+            int s = testing::UnitTest::GetInstance() != nullptr;
+            __attribute__((constructor)) static void early() {}
+            const char* fine = "asm ## testing::";  // asm in a comment is fine
+            #include <torch/torch.h>
+            #include "grad_scaler.hpp"
+            ''')
+        found = amplab_screen.screen(text)
+        lines = sorted({int(f.split(":")[0].split()[1]) for f in found})
+        self.assertEqual(lines, [1, 2, 3, 4, 5, 7, 8, 9])
+        self.assertTrue(any("'..'" in f for f in found))
+
+
+class Verdicts(unittest.TestCase):
+    """amplab_sandbox.judge: the outcome comes from the token-carrying lines only."""
+
+    def run_with(self, lines, code=0):
+        import amplab_sandbox
+        run = amplab_sandbox.Run(code=code, seconds=1.0, head=b"", tail=b"", total=0, verdict=lines, limits=[])
+        return amplab_sandbox.judge(run, "tok", "A.b")
+
+    def test_a_pass_needs_every_line_with_the_token(self):
+        self.assertEqual(self.run_with(["tok main 1", "tok start A.b", "tok part success x", "tok end passed -"]).status,
+                         "passed")
+        self.assertEqual(self.run_with(["tok main 1", "tok start A.b", "tok end passed -"], code=1).status, "crashed")
+        forged = self.run_with(["tok main 1", "tok start A.b", "x end passed -", "tok end passed -"])
+        self.assertEqual((forged.status, "did not make" in forged.message), ("failed", True))
+
+    def test_failures_sent_during_the_test_count_even_if_the_end_says_passed(self):
+        verdict = self.run_with(["tok main 1", "tok start A.b", "tok part failure f.cpp:3\\nexpected 1", "tok end passed -"])
+        self.assertEqual(verdict.status, "failed")
+        self.assertEqual(verdict.failures, ["f.cpp:3\nexpected 1"])
+
+    def test_start_up_exits_and_missing_tests_are_told_apart(self):
+        self.assertIn("during start-up, before main()", self.run_with([], code=0).message)
+        self.assertEqual(self.run_with(["tok main 0"]).status, "missing")
+        self.assertIn("during the test", self.run_with(["tok main 1", "tok start A.b"], code=-9).message)
+
+
 class GradescopeFormat(unittest.TestCase):
     """results.json against Gradescope's autograder format (what its upload accepts)."""
 

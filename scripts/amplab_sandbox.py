@@ -1,0 +1,393 @@
+"""Runs a student's test binary as an untrusted party, for scripts/grade.
+
+What the student's code cannot do here, when the grader runs as root (Gradescope does, and so
+does CI):
+  - read the instructor's material: it runs as the unprivileged user `amplab-student`, and the
+    reference solutions, hidden tests, build directories, git history and the results directory
+    are made unreadable to it (mode 0700, restored afterwards) while grading runs;
+  - write anything the grader reads: the checkout, run_autograder and the results are not its;
+    its only writable places are a private home and /tmp, wiped after every test;
+  - outlive its test: every process of that user is killed after each test, before the next
+    one and before results.json is written;
+  - exhaust the machine: per test a time limit, an address-space limit (CPU tests), a limit on
+    processes and threads, a file-size limit, and at most OUTPUT_KEPT bytes of its output kept
+    (the head and the tail; the rest is counted);
+  - decide its own grade: the verdict comes from the lines the grader's test main() writes to a
+    pipe, each carrying a token made for this grading run and compiled into that main() only
+    (tests/grading/verdict_main.cpp); gtest's report files, the exit code and the output are not
+    evidence. judge() turns those lines into an outcome.
+Without root (an instructor grading their own copy) none of the user separation is possible: the
+tests run as the caller with the limits only, and the grader says so.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import fcntl
+import os
+import pathlib
+import pwd
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+
+USER = "amplab-student"
+OUTPUT_KEPT = 256 * 1024          # bytes of a test's output kept at its start, and as many at its end
+VERDICT_KEPT = 1024 * 1024        # bytes of verdict lines read at most
+PROCESSES = 1024                  # processes and threads of the student's user at once
+FILE_BYTES = 1 << 30              # the largest file a test may write
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+@dataclasses.dataclass
+class Run:
+    code: int | None              # exit code, -signal, or None when it ran past its time limit
+    seconds: float
+    head: bytes                   # the output's start (stdout and stderr together)
+    tail: bytes                   # its end, when it was longer than the head
+    total: int                    # bytes of output in all
+    verdict: list                 # the lines read from the verdict pipe, as text
+    limits: list                  # one line per limit the test ran into
+
+    def output(self) -> str:
+        text = self.head.decode(errors="replace")
+        if self.total > len(self.head):
+            cut = self.total - len(self.head) - len(self.tail)
+            if cut > 0:
+                text += f"\n[... {cut} bytes of output not kept ...]\n"
+            text += self.tail.decode(errors="replace")
+        return text
+
+
+def token() -> str:
+    """A fresh token: 16 random bytes as 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def token_header(value: str) -> str:
+    """tests/grading/verdict_main.cpp's verdict_token.hpp for `value`: two random-looking halves
+    whose XOR is the token, so the token is not one string in the binary."""
+    raw = bytes.fromhex(value)
+    mask = secrets.token_bytes(len(raw))
+    other = bytes(a ^ b for a, b in zip(raw, mask))
+    def array(name, data):
+        return f"static const unsigned char {name}[{len(data)}] = {{{', '.join(str(b) for b in data)}}};\n"
+    return "// Written by scripts/grade for one grading run.\n" + array("kTokenA", mask) + array("kTokenB", other)
+
+
+class Sandbox:
+    """The unprivileged user, the locked secrets, and one test run at a time."""
+
+    def __init__(self, secret_paths, memory_mb_default=8192):
+        self.isolated = os.geteuid() == 0
+        self.secret_paths = [pathlib.Path(p) for p in secret_paths]
+        self.saved_modes = {}
+        self.uid = self.gid = None
+        self.network_isolated = False
+        if self.isolated:
+            self.uid, self.gid = ensure_user(USER)
+            # a network namespace of its own (loopback only, not the machine's) where the kernel
+            # allows one; not in every container
+            self.network_isolated = subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+
+    # ---- secrets -------------------------------------------------------------------------------
+    def __enter__(self):
+        if self.isolated:
+            for path in self.secret_paths:
+                path = path.resolve()
+                if path.exists() and path not in self.saved_modes:
+                    mode = stat.S_IMODE(path.stat().st_mode)
+                    self.saved_modes[path] = mode
+                    os.chmod(path, mode & 0o700)
+        return self
+
+    def __exit__(self, *exc):
+        self.kill_all()
+        for path, mode in self.saved_modes.items():
+            try:
+                os.chmod(path, mode)
+            except OSError:
+                pass
+        return False
+
+    # ---- one test ------------------------------------------------------------------------------
+    def run(self, argv, env, cwd, timeout_s, binaries, memory_mb=None):
+        """Runs argv[0] (a path among `binaries`, {name in bin/: path}) with its bin/ copied into a
+        fresh directory the student's user can execute but not read; returns a Run."""
+        work = pathlib.Path(tempfile.mkdtemp(prefix="amplab-test-"))
+        try:
+            os.chmod(work, 0o711)
+            bindir = work / "bin"
+            bindir.mkdir()
+            os.chmod(bindir, 0o711)
+            for name, source in binaries.items():
+                shutil.copy2(source, bindir / name)
+                os.chmod(bindir / name, 0o711 if self.isolated else 0o755)
+            home = work / "home"
+            home.mkdir()
+            if self.isolated:
+                os.chown(home, self.uid, self.gid)
+            os.chmod(home, 0o700)
+            env = dict(env, HOME=str(home), TMPDIR=str(home), AMPLAB_BINARY_DIR=str(work))
+            argv = [str(bindir / pathlib.Path(argv[0]).name)] + list(argv[1:])
+            return self._run(argv, env, cwd, timeout_s, memory_mb)
+        finally:
+            self.kill_all()
+            self.wipe()
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _run(self, argv, env, cwd, timeout_s, memory_mb):
+        read_fd, write_fd = os.pipe()
+        env = dict(env, AMPLAB_VERDICT_FD=str(write_fd))
+        uid, gid, isolated, own_network = self.uid, self.gid, self.isolated, self.network_isolated
+
+        def become_student():  # in the child, between fork and exec
+            os.umask(0o077)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+            if memory_mb:
+                limit = memory_mb * 2**20
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            if own_network:
+                enter_own_network()
+            if isolated:
+                resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd, pass_fds=(write_fd,), start_new_session=True,
+                                preexec_fn=become_student)
+        os.close(write_fd)
+        captured = {"head": bytearray(), "tail": bytearray(), "total": 0}
+        verdict = bytearray()
+
+        def read_output():
+            while True:
+                chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(65536)
+                if not chunk:
+                    return
+                captured["total"] += len(chunk)
+                room = OUTPUT_KEPT - len(captured["head"])
+                if room > 0:
+                    captured["head"] += chunk[:room]
+                    chunk = chunk[room:]
+                if chunk:
+                    captured["tail"] = (captured["tail"] + chunk)[-OUTPUT_KEPT:]
+
+        def read_verdict():
+            with os.fdopen(read_fd, "rb") as pipe:
+                while True:
+                    chunk = pipe.read1(65536)
+                    if not chunk:
+                        return
+                    if len(verdict) < VERDICT_KEPT:
+                        verdict.extend(chunk[:VERDICT_KEPT - len(verdict)])
+
+        readers = [threading.Thread(target=read_output, daemon=True), threading.Thread(target=read_verdict, daemon=True)]
+        for reader in readers:
+            reader.start()
+        limits = []
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            limits.append(f"time: the test ran past its limit of {timeout_s:g} s and was stopped")
+        seconds = time.monotonic() - start
+        self.kill_group(proc.pid)
+        self.kill_all()
+        for reader in readers:
+            reader.join(timeout=10)
+        proc.wait()
+        run = Run(code=code, seconds=seconds, head=bytes(captured["head"]), tail=bytes(captured["tail"]),
+                  total=captured["total"], verdict=verdict.decode(errors="replace").splitlines(), limits=limits)
+        if run.total > 2 * OUTPUT_KEPT:
+            limits.append(f"output: the test printed {run.total / 2**20:.1f} MB; the first and last "
+                          f"{OUTPUT_KEPT // 1024} KB are kept")
+        if code == -signal.SIGXFSZ:
+            limits.append(f"file size: the test wrote a file larger than {FILE_BYTES // 2**20} MB and was stopped")
+        text = run.output()
+        if memory_mb and any(s in text for s in ("bad_alloc", "can't allocate memory", "Cannot allocate memory",
+                                                  "out of memory")):
+            limits.append(f"memory: the test ran out of memory (its limit is {memory_mb} MiB of address space)")
+        if self.isolated and "Resource temporarily unavailable" in text:
+            limits.append(f"processes: the test reached the limit of {PROCESSES} processes and threads")
+        return run
+
+    # ---- cleaning up ---------------------------------------------------------------------------
+    @staticmethod
+    def kill_group(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def student_pids(self):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == self.uid:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
+    def kill_all(self):
+        """Every process of the student's user, until none is left (a fork bomb forks while it is
+        being killed: SIGSTOP first stops each one from making more)."""
+        if not self.isolated:
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = self.student_pids()
+            if not pids:
+                return
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            time.sleep(0.05)
+
+    def wipe(self):
+        """Removes what the student's user left in the world-writable directories."""
+        if not self.isolated:
+            return
+        for top in WORLD_WRITABLE:
+            try:
+                entries = list(os.scandir(top))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid != self.uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+
+
+def enter_own_network():
+    """A new network namespace with its loopback up: the test's processes can talk to each other
+    (the DDP tests' rendezvous) but reach nothing outside."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        iff_up, iff_loopback, iff_running = 0x1, 0x8, 0x40
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14s", b"lo", iff_up | iff_loopback | iff_running, b""))  # SIOCSIFFLAGS
+
+
+def ensure_user(name):
+    """(uid, gid) of the unprivileged user, made if missing (no home, no login shell)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        shell = "/usr/sbin/nologin" if os.path.exists("/usr/sbin/nologin") else "/bin/false"
+        result = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                                 "--shell", shell, "--user-group", name], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"cannot create the user {name} that student code runs as: {result.stderr.strip()}")
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid
+
+
+# ---- the verdict ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Verdict:
+    status: str            # passed | failed | skipped | crashed | timeout | missing
+    message: str
+    failures: list         # failure texts ('file:line\nmessage'), in order
+    fraction: float | None
+
+
+def unescape(text):
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"n": "\n", "r": "\r", "\\": "\\"}.get(text[i + 1], text[i + 1]))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def describe_exit(code):
+    if code is None:
+        return "was stopped at its time limit"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def judge(run: Run, token_value: str, test: str) -> Verdict:
+    """The outcome of one test from the verdict lines (see the module's doc), never from what the
+    test process printed or wrote."""
+    events, forged = [], 0
+    for line in run.verdict:
+        if line.startswith(token_value + " "):
+            kind, _, rest = line[len(token_value) + 1:].partition(" ")
+            events.append((kind, rest))
+        elif line.strip():
+            forged += 1
+    failures = [unescape(rest.partition(" ")[2]) for kind, rest in events
+                if kind == "part" and rest.startswith("failure ")]
+    if forged:
+        return Verdict("failed", f"the test process wrote {forged} verdict line(s) the grader did not make: "
+                                 "not graded", failures, None)
+    if run.code is None:
+        return Verdict("timeout", run.limits[0] if run.limits else "timed out", failures, None)
+    mains = [rest for kind, rest in events if kind == "main"]
+    starts = [rest for kind, rest in events if kind == "start"]
+    ends = [rest for kind, rest in events if kind == "end"]
+    if not mains:
+        return Verdict("crashed", f"the test binary {describe_exit(run.code)} during start-up, before main() "
+                                  "(a static object's constructor, or the program's libraries)", failures, None)
+    if mains[0].strip() == "0":
+        return Verdict("missing", "the test is not in the test binary", failures, None)
+    if starts != [test]:
+        if not starts:
+            return Verdict("crashed", f"the test binary {describe_exit(run.code)} before the test began",
+                           failures, None)
+        return Verdict("failed", f"the process reported other tests than {test}: {', '.join(starts)[:200]}",
+                       failures, None)
+    if not ends:
+        return Verdict("crashed", f"the process {describe_exit(run.code)} during the test", failures, None)
+    status, _, fraction_text = ends[-1].partition(" ")
+    fraction = None
+    if fraction_text and fraction_text != "-":
+        try:
+            fraction = min(1.0, max(0.0, float(unescape(fraction_text))))
+        except ValueError:
+            fraction = 0.0
+    if failures or status == "failed":
+        return Verdict("failed", "", failures or ["failed"], fraction)
+    if status == "skipped":
+        skips = [unescape(rest.partition(" ")[2]) for kind, rest in events if kind == "part" and rest.startswith("skip ")]
+        reason = skips[0].split("\n", 1)[-1].strip() if skips else "skipped"
+        return Verdict("skipped", reason, [], None)
+    if status != "passed":
+        return Verdict("failed", f"unknown status '{status[:40]}'", failures, None)
+    if run.code != 0:
+        return Verdict("crashed", f"passed, then the process {describe_exit(run.code)}", failures, None)
+    return Verdict("passed", "", [], fraction)

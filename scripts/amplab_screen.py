@@ -1,0 +1,136 @@
+"""Reads a student's source file before it is compiled, for scripts/grade: what a submission
+may not contain, because it would reach outside the student's own code at build time or take
+control of the test process around the tests.
+
+  - #include of anything but a plain name (<...> or "..."): no absolute path, no '..', no macro,
+    nothing of GoogleTest (the lab's code has no business with the test framework);
+  - inline assembly (asm, __asm__: the assembler's .incbin reads any file into the program);
+  - token pasting (##: it can build the words above out of harmless pieces);
+  - the test framework's namespace (testing::), and #define of a C++ keyword (#define private public);
+  - functions run before main() or after exit by attribute (constructor, destructor, init_priority,
+    section).
+Comments and string literals are skipped, and backslash-newline splices joined first, so these are
+found however the text is laid out. screen() returns one line per finding: 'line N: what; why'.
+"""
+from __future__ import annotations
+
+import re
+
+INCLUDE = re.compile(r'^(?:include|include_next|import|embed)\b\s*(.*)$')
+PLAIN_NAME = re.compile(r'^(<[^<>"]+>|"[^<>"]+")\s*$')
+KEYWORDS = {"private", "protected", "public", "class", "struct", "friend", "virtual", "override", "final",
+            "static", "const", "return", "if", "else", "for", "while", "do", "true", "false", "nullptr",
+            "namespace", "using", "template", "typename", "operator", "new", "delete", "this", "extern"}
+ASM = {"asm", "__asm", "__asm__"}
+RUN_AROUND_MAIN = {"constructor", "destructor", "init_priority", "section"}
+
+
+def splice(text):
+    """[(original line number, logical line)]: backslash-newline joined."""
+    lines, current, first = [], [], None
+    for number, line in enumerate(text.split("\n"), start=1):
+        if first is None:
+            first = number
+        if line.endswith("\\"):
+            current.append(line[:-1])
+            continue
+        current.append(line)
+        lines.append((first, "".join(current)))
+        current, first = [], None
+    if current:
+        lines.append((first, "".join(current)))
+    return lines
+
+
+RAW_STRING = re.compile(r'(?:u8|u|U|L)?R"([^()\\ ]{0,16})\(')
+
+
+def strip_literals(lines):
+    """The same lines with comments removed and string/char literal contents blanked (a raw
+    string, a block comment may span lines); directive lines are kept whole apart from comments."""
+    out, in_block, raw_end = [], False, None
+    for number, line in lines:
+        text, i, kept = line, 0, []
+        while i < len(text):
+            if raw_end is not None:
+                end = text.find(raw_end, i)
+                if end < 0:
+                    i = len(text)
+                    continue
+                kept.append('"')
+                i, raw_end = end + len(raw_end), None
+                continue
+            if in_block:
+                end = text.find("*/", i)
+                if end < 0:
+                    i = len(text)
+                    continue
+                i, in_block = end + 2, False
+                kept.append(" ")
+                continue
+            if text.startswith("//", i):
+                break
+            if text.startswith("/*", i):
+                in_block, i = True, i + 2
+                continue
+            raw = RAW_STRING.match(text, i)
+            if raw and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+                kept.append('"')
+                raw_end, i = ")" + raw.group(1) + '"', raw.end()
+                continue
+            if text[i] in "\"'":
+                quote, j = text[i], i + 1
+                while j < len(text) and text[j] != quote:
+                    j += 2 if text[j] == "\\" else 1
+                literal = text[i:j + 1]
+                # keep an include's name readable; blank every other literal
+                kept.append(literal if quote == '"' and kept_is_include(kept) else quote + quote)
+                i = j + 1
+                continue
+            kept.append(text[i])
+            i += 1
+        out.append((number, "".join(kept)))
+    return out
+
+
+def kept_is_include(kept):
+    return re.match(r'^\s*(#|%:)\s*(include|include_next|import|embed)\b', "".join(kept)) is not None
+
+
+def screen(text: str) -> list:
+    findings = []
+    for number, line in strip_literals(splice(text)):
+        directive = re.match(r'^\s*(?:#|%:)\s*(.*)$', line)
+        if directive:
+            body = directive.group(1)
+            include = INCLUDE.match(body)
+            if include:
+                name = include.group(1).strip()
+                plain = PLAIN_NAME.match(name)
+                if not plain:
+                    findings.append(f"line {number}: #include {name[:60]}: only a plain <name> or \"name\" "
+                                    "may be included")
+                    continue
+                target = plain.group(1)[1:-1]
+                if target.startswith("/") or ".." in target.split("/") or "\\" in target:
+                    findings.append(f"line {number}: #include {plain.group(1)}: a path outside the lab's and the "
+                                    "library's headers (absolute or with '..') may not be included")
+                elif target.split("/")[0] in ("gtest", "gmock"):
+                    findings.append(f"line {number}: #include {plain.group(1)}: the test framework's headers may "
+                                    "not be included in lab code")
+                continue
+            define = re.match(r'^define\s+([A-Za-z_]\w*)', body)
+            if define and define.group(1) in KEYWORDS:
+                findings.append(f"line {number}: #define {define.group(1)}: redefining a C++ keyword is not allowed")
+        if "##" in line:
+            findings.append(f"line {number}: ## (token pasting) is not allowed in a submission")
+        words = set(re.findall(r"[A-Za-z_]\w*", line))
+        for word in sorted(words & ASM):
+            findings.append(f"line {number}: {word}: inline assembly is not allowed in a submission")
+        if re.search(r"\btesting\s*::|\bnamespace\s+testing\b", line):
+            findings.append(f"line {number}: testing::: the test framework is not for lab code")
+        if ("__attribute__" in words or "[[" in line) and words & RUN_AROUND_MAIN:
+            found = sorted(words & RUN_AROUND_MAIN)[0]
+            findings.append(f"line {number}: attribute '{found}': code run before main() or after exit "
+                            "(or placed in a section of its own) is not allowed")
+    return findings

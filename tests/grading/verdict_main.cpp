@@ -1,0 +1,104 @@
+// The main() of the test binaries that scripts/grade runs (grading variants only): GoogleTest
+// with one more listener, which tells the grader what happened through a pipe the grader opened
+// (AMPLAB_VERDICT_FD). The grader decides pass or fail from these lines alone: gtest's report
+// files, the exit code and the printed output are written by a process that runs the student's
+// code, so they are not evidence. Each line starts with a token made anew for every grading run
+// and compiled into this file only (verdict_token.hpp, written by scripts/grade), so a line the
+// student's code writes without it is recognised as forged. Lines, in order:
+//   <token> main <number of tests the filter selected>
+//   <token> start <Suite.Test>
+//   <token> part <failure|skip|success> <file:line\nmessage, escaped>   (each assertion result)
+//   <token> end <passed|failed|skipped> <points_fraction or ->
+// Failures are sent as they happen, before the test ends, so clearing a test's recorded result
+// afterwards does not hide them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "verdict_token.hpp"  // kTokenA, kTokenB: the token is their XOR (not stored in one piece)
+
+namespace {
+
+std::string token() {
+  static_assert(sizeof(kTokenA) == sizeof(kTokenB), "the token's halves differ in length");
+  std::string out;
+  const char* hex = "0123456789abcdef";
+  for (size_t i = 0; i < sizeof(kTokenA); ++i) {
+    const unsigned byte = static_cast<unsigned>(kTokenA[i] ^ kTokenB[i]) & 0xffu;
+    out += hex[byte >> 4];
+    out += hex[byte & 15];
+  }
+  return out;
+}
+
+// One line: newlines and backslashes escaped, so a message cannot start a line of its own.
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else out += c;
+  }
+  return out;
+}
+
+class VerdictListener : public testing::EmptyTestEventListener {
+ public:
+  explicit VerdictListener(int fd) : fd_(fd) {}
+
+  // The run begins (main() was reached and the filter applied): how many tests it selected
+  // (0: the test asked for is not in this binary).
+  void OnTestIterationStart(const testing::UnitTest& unit_test, int) override {
+    send("main " + std::to_string(unit_test.test_to_run_count()));
+  }
+
+  void OnTestStart(const testing::TestInfo& test) override {
+    send(std::string("start ") + test.test_suite_name() + "." + test.name());
+  }
+
+  void OnTestPartResult(const testing::TestPartResult& part) override {
+    const char* kind = part.failed() ? "failure" : part.skipped() ? "skip" : "success";
+    std::string where = part.file_name() ? std::string(part.file_name()) + ":" + std::to_string(part.line_number())
+                                         : std::string("unknown file");
+    send(std::string("part ") + kind + " " + escaped(where + "\n" + part.message()));
+  }
+
+  void OnTestEnd(const testing::TestInfo& test) override {
+    const testing::TestResult* result = test.result();
+    const char* status = result->Failed() ? "failed" : result->Skipped() ? "skipped" : "passed";
+    std::string fraction = "-";
+    for (int i = 0; i < result->test_property_count(); ++i) {
+      const testing::TestProperty& property = result->GetTestProperty(i);
+      if (std::string(property.key()) == "points_fraction") fraction = escaped(property.value());
+    }
+    send(std::string("end ") + status + " " + fraction);
+  }
+
+ private:
+  void send(const std::string& line) {
+    const std::string text = token() + " " + line + "\n";
+    size_t done = 0;
+    while (done < text.size()) {
+      ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // the grader is gone: nothing to tell
+      done += static_cast<size_t>(n);
+    }
+  }
+
+  int fd_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (const char* fd = std::getenv("AMPLAB_VERDICT_FD")) {  // gtest owns the listener from here
+    testing::UnitTest::GetInstance()->listeners().Append(new VerdictListener(std::atoi(fd)));
+  }
+  return RUN_ALL_TESTS();
+}
