@@ -18,11 +18,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <sstream>
 
 #include "amplab/error.hpp"
 #include "amplab/files.hpp"
 #include "amplab/log.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -77,24 +80,40 @@ int cuda_generator_count() {
 #endif
 }
 
-// Splits and verifies the file: header, length, checksum, version. Returns the payload.
-std::string verified_payload(const std::string& path) {
-  if (!fs::exists(path)) throw Error("checkpoint '" + path + "' does not exist");
-  std::string bytes = read_file(path);
-  if (bytes.size() < kHeaderSize || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+// Reads the header, checks it against the file's size, then reads exactly the payload it
+// announces: a device, a FIFO or a huge sparse file is refused before anything is read from it.
+std::string read_checkpoint_bytes(const std::string& path, uint32_t& version, uint32_t& crc) {
+  if (std::string problem = regular_file_problem(path); !problem.empty())
+    throw Error("checkpoint '" + path + "' " + problem);
+  std::ifstream in(path, std::ios::binary);
+  std::string header(kHeaderSize, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(kHeaderSize));
+  if (static_cast<size_t>(in.gcount()) < kHeaderSize || std::memcmp(header.data(), kMagic, sizeof kMagic) != 0)
     throw Error("checkpoint '" + path + "' is not an amplab checkpoint (no AMPLABCK header; a PyTorch .pt file "
                 "or another file?)");
-  auto version = static_cast<uint32_t>(get_le(bytes, 8, 4));
-  uint64_t length = get_le(bytes, 12, 8);
-  auto crc = static_cast<uint32_t>(get_le(bytes, 20, 4));
+  version = static_cast<uint32_t>(get_le(header, 8, 4));
+  uint64_t length = get_le(header, 12, 8);
+  crc = static_cast<uint32_t>(get_le(header, 20, 4));
   if (version != kCheckpointFormatVersion)
     throw Error("checkpoint '" + path + "' has format version " + std::to_string(version) + "; this build reads version " +
                 std::to_string(kCheckpointFormatVersion) + (version > kCheckpointFormatVersion ? " (written by a newer amplab)" : ""));
-  uint64_t actual = bytes.size() - kHeaderSize;
-  if (actual != length)
+  std::error_code ec;
+  uint64_t actual = fs::file_size(path, ec) - kHeaderSize;
+  if (ec || actual != length)
     throw Error("checkpoint '" + path + "' is " + (actual < length ? "truncated" : "too long") + ": header promises " +
                 std::to_string(length) + " bytes of data, file has " + std::to_string(actual));
-  std::string payload = bytes.substr(kHeaderSize);
+  std::string payload(length, '\0');
+  in.read(payload.data(), static_cast<std::streamsize>(length));
+  if (static_cast<uint64_t>(in.gcount()) != length)
+    throw Error("checkpoint '" + path + "' is truncated: header promises " + std::to_string(length) +
+                " bytes of data, " + std::to_string(in.gcount()) + " could be read");
+  return payload;
+}
+
+// Verifies the file: header, length, checksum, version. Returns the payload.
+std::string verified_payload(const std::string& path) {
+  uint32_t version = 0, crc = 0;
+  std::string payload = read_checkpoint_bytes(path, version, crc);
   uint32_t computed = crc32_of(payload);
   if (computed != crc)
     throw Error("checkpoint '" + path + "' is corrupt: checksum " + hex32(computed) + " does not match the recorded " +
@@ -298,6 +317,13 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
   return info;
 }
 
+std::string unique_run_token() {
+  std::random_device device;
+  char token[8];
+  std::snprintf(token, sizeof token, "%06x", static_cast<unsigned>(device()) & 0xffffffu);
+  return token;
+}
+
 std::string file_name_safe(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -353,7 +379,12 @@ std::string CheckpointManager::save(const TrainingState& state, const Checkpoint
   const std::string prefix = owner_.empty() ? "" : owner_ + "-";
   const std::string name = prefix + step;
   std::string path = (fs::path(dir_) / name).string();
+  std::error_code exists_error;
+  if (!written_.count(name) && fs::exists(fs::symlink_status(path, exists_error)))
+    throw Error("checkpoint.dir: '" + path + "' already exists and was not written by this run; not replacing it. "
+                "Give this run its own directory with --set checkpoint.dir=DIR");
   save_checkpoint(path, state, info);
+  written_.insert(name);
   write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
 
   // This owner's files only (with no owner: the plain step-*.ckpt files).
@@ -380,16 +411,24 @@ std::string printable(const std::string& text) {
 }
 }  // namespace
 
-bool CheckpointManager::has_latest() const { return fs::exists(fs::path(dir_) / "latest"); }
+// A `latest` that is a dangling link counts: --resume auto then says what is wrong with it.
+bool CheckpointManager::has_latest() const {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(fs::path(dir_) / "latest", ec));
+}
 
 std::string CheckpointManager::resolve(const std::string& spec) const {
   if (spec != "latest") {
-    if (!fs::exists(spec)) throw Error("--resume: checkpoint '" + spec + "' does not exist");
+    if (std::string problem = regular_file_problem(spec); !problem.empty())
+      throw Error("--resume: checkpoint '" + spec + "' " + problem);
     return spec;
   }
   fs::path latest = fs::path(dir_) / "latest";
-  if (!fs::exists(latest))
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec)))
     throw Error("--resume latest: no checkpoint in '" + dir_ + "' (no 'latest' file there); pass a path instead");
+  if (std::string problem = regular_file_problem(latest.string()); !problem.empty())
+    throw Error("--resume latest: '" + latest.string() + "' " + problem + "; pass a checkpoint path instead");
   std::string name = read_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   fs::path path = fs::path(dir_) / name;
@@ -398,8 +437,8 @@ std::string CheckpointManager::resolve(const std::string& spec) const {
   if (!sane)
     throw Error("--resume latest: '" + latest.string() + "' is damaged (it holds '" + printable(name) +
                 "', not a file name); pass a checkpoint path instead");
-  if (!fs::exists(path))
-    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which does not exist; pass a path instead");
+  if (std::string problem = regular_file_problem(path.string()); !problem.empty())
+    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which " + problem + "; pass a path instead");
   return path.string();
 }
 

@@ -12,11 +12,13 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "amplab/config.hpp"
 #include "amplab/loss_scaler.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -31,7 +33,7 @@ struct CheckpointConfig {
 
   template <class V>
   void fields(V& v) {
-    v.field("dir", dir, "checkpoint directory (empty: <run.out_dir>/<lab>/checkpoints)");
+    v.field("dir", dir, "checkpoint directory (empty: <run.out_dir>/<lab>/checkpoints)", check_path_value);
     v.field("every_steps", every_steps, "save every N optimizer steps (0: off)", Range<int64_t>::at_least(0));
     v.field("every_epoch", every_epoch, "save at the end of each epoch");
     v.field("keep_last", keep_last, "how many checkpoints to keep", Range<int64_t>::at_least(1));
@@ -98,7 +100,8 @@ class CheckpointManager {
   // the directory when it cannot be written, or the process that holds the lock.
   void open_for_writing();
   // Writes <owner>-step-<global_step>.ckpt atomically, points `latest` at it, then deletes this
-  // owner's older files beyond keep_last. Returns its path.
+  // owner's older files beyond keep_last. Returns its path. A file of that name that this object
+  // did not write is never replaced (an amplab::Error names it): it is another run's.
   std::string save(const TrainingState& state, const CheckpointInfo& info);
   // "latest" -> the file `latest` names; anything else is a path that must exist.
   std::string resolve(const std::string& spec) const;
@@ -110,7 +113,11 @@ class CheckpointManager {
   int64_t keep_last_;
   std::string owner_;
   int lock_fd_ = -1;
+  std::set<std::string> written_;  // names of the files this object saved
 };
+
+// Six random hex digits: the part of a checkpoint's name no other run shares.
+std::string unique_run_token();
 
 // A file-name-safe form of `text` ("gpu-amp (bf16-mixed)" -> "gpu-amp_bf16-mixed").
 std::string file_name_safe(const std::string& text);

@@ -1,11 +1,15 @@
 // The YAML side of config.hpp: reading with precise errors, --set overrides, writing, listing.
 #include "amplab/config.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "amplab/config_json.hpp"
+#include "amplab/paths.hpp"
 
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -150,10 +154,42 @@ struct ConfigSource::Impl {
 
 namespace {
 
+// Counts the documents of a YAML text without building them, and where the second starts.
+// (yaml-cpp's LoadAll never returns on some malformed input; this stops at the second.)
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  int documents = 0;
+  YAML::Mark second;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++documents == 2) second = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// Refuses a second document ('---'): yaml-cpp's Load would silently use the first alone.
+void refuse_several_documents(const std::string& text, const std::string& what) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  for (int tries = 0; tries < 8 && counter.documents < 2 && parser.HandleNextDocument(counter); ++tries) {
+  }
+  if (counter.documents >= 2)
+    throw Error(what + ":" + std::to_string(counter.second.line + 1) +
+                ": a second YAML document (after '---'); a config is one document: merge them or keep one");
+}
+
 YAML::Node parse_yaml(const std::string& text, const std::string& name) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+    refuse_several_documents(text, name);
   } catch (const YAML::Exception& e) {
     std::string where = name;
     if (!e.mark.is_null()) where += ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
@@ -165,6 +201,49 @@ YAML::Node parse_yaml(const std::string& text, const std::string& name) {
                 ": expected a map of keys (like 'train:' with fields under it) at the top of the file, got " +
                 scalar_preview(root));
   return root;
+}
+
+// Whether `text` holds a '#' that YAML reads as a comment: at the start or after a blank, outside quotes.
+bool has_comment(const std::string& text) {
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (quote == '"' && c == '\\') ++i;
+    else if (quote && c == quote) quote = 0;
+    else if (!quote && (c == '"' || c == '\'')) quote = c;
+    else if (!quote && c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) return true;
+  }
+  return false;
+}
+
+std::string trimmed(const std::string& text) {
+  auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// A --set value as YAML (3, 0.1, fp16-mixed, [1, 2], "quoted"), with nothing dropped silently: a
+// plain value that YAML reads as less than its text ('runs #2' is 'runs' and a comment, '&a b'
+// an anchor, '~' null) is kept whole as a string; a list or map with a comment, or several
+// documents, is refused.
+YAML::Node override_value(const std::string& text, const std::string& origin) {
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+    refuse_several_documents(text, origin);
+  } catch (const YAML::Exception& e) {
+    throw Error(origin + ": the value is not valid YAML: " + printable(e.msg));
+  }
+  const std::string plain = trimmed(text);
+  if (!value || value.IsNull()) {
+    if (plain == "null" || plain == "Null" || plain == "NULL") return value;
+    return YAML::Node(text);
+  }
+  if (value.IsScalar() && value.Tag() == "?" && value.Scalar() != plain) return YAML::Node(text);
+  if (!value.IsScalar() && has_comment(text))
+    throw Error(origin + ": the value has a '#' that YAML reads as the start of a comment, dropping what follows; "
+                "quote that item (\"a #1\") or remove the '#'");
+  return value;
 }
 
 void apply_override(ConfigSource::Impl& impl, const std::string& assignment) {
@@ -184,12 +263,7 @@ void apply_override(ConfigSource::Impl& impl, const std::string& assignment) {
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
-  YAML::Node value;
-  try {
-    value = YAML::Load(value_text);
-  } catch (const YAML::Exception& e) {
-    throw Error(origin + ": the value is not valid YAML: " + printable(e.msg));
-  }
+  YAML::Node value = override_value(value_text, origin);
 
   YAML::Node node;
   node.reset(impl.root);
@@ -366,8 +440,19 @@ class YamlReader final : public FieldVisitor {
     const std::string& text = node.Scalar();
     int64_t parsed = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-    if (ec != std::errc() || end != text.data() + text.size() || !range.contains(parsed))
-      fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node));
+    const bool whole = end == text.data() + text.size();
+    if (ec == std::errc::result_out_of_range && whole)
+      fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node) +
+                          ", which is beyond the range of a 64-bit integer");
+    if (ec != std::errc() || !whole) fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node));
+    if (!range.contains(parsed)) {
+      // The type's own limits are left out of describe(): name the one this value crosses.
+      const bool above = parsed > range.max;
+      fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node) + " (" +
+                          (above ? "larger than " + std::to_string(range.max) + ", the largest"
+                                 : "smaller than " + std::to_string(range.min) + ", the smallest") +
+                          " value this key holds)");
+    }
     return parsed;
   }
 
@@ -530,14 +615,18 @@ ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string
 }
 
 ConfigSource ConfigSource::load(const std::string& path, const std::vector<std::string>& overrides) {
-  // An ifstream opens a directory and reads nothing from it: that would be an empty config.
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error))
-    throw Error("config file '" + path + "' is a directory; pass a YAML file with --config, e.g. configs/mnist.yaml");
+  // Checked before opening: an ifstream reads nothing from a directory (an empty config), and
+  // opening a FIFO with no writer blocks forever.
+  if (std::string problem = regular_file_problem(path); !problem.empty()) {
+    const bool missing = problem.rfind("does not exist", 0) == 0;
+    throw Error("config file '" + path + "' " + (missing ? "cannot be opened: it " : "") + problem +
+                (missing ? " (tried that path relative to the current directory)" : "") +
+                "; pass a YAML file with --config, e.g. configs/mnist.yaml");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw Error("config file '" + path + "' cannot be opened (tried that path relative to " +
-                "the current directory); pass an existing file with --config, e.g. configs/mnist.yaml");
+    throw Error("config file '" + path + "' cannot be opened: " + std::strerror(errno) +
+                "; pass a YAML file with --config, e.g. configs/mnist.yaml");
   std::string text;
   char buffer[8192];
   while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "amplab/error.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -25,7 +26,10 @@ std::atomic<bool> g_temp_active{false};
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   const int error = errno;
   std::string message = what + " '" + path + "': " + std::strerror(error);
-  if (error == ENOSPC || error == EFBIG || error == EDQUOT) message += "; free disk space and run again";
+  if (error == EFBIG)
+    message += "; a file-size limit (ulimit -f) or the filesystem's largest file: raise the limit or free disk space and run again";
+  else if (error == ENOSPC || error == EDQUOT)
+    message += "; free disk space and run again";
   throw IoError(message);
 }
 
@@ -89,6 +93,8 @@ void write_file_atomic(const std::string& path, std::string_view content) {
 }
 
 std::string read_file(const std::string& path) {
+  if (std::string problem = regular_file_problem(path); !problem.empty())
+    throw Error("'" + path + "' " + problem);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   std::ostringstream buffer;

@@ -11,7 +11,9 @@ namespace amplab {
 // even across a crash or kill -9: write a temporary file in the same directory, flush and fsync
 // it, rename it over `path`, fsync the directory.
 void write_file_atomic(const std::string& path, std::string_view content);
-std::string read_file(const std::string& path);  // throws amplab::Error naming the path
+// Throws amplab::Error naming the path, and what it is when it is not a regular file.
+std::string read_file(const std::string& path);
+
 uint32_t crc32_of(std::string_view bytes);       // zlib's CRC-32
 std::string hex32(uint32_t value);               // "0a1b2c3d"
 

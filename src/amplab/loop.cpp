@@ -205,9 +205,12 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
   std::unique_ptr<CheckpointManager> checkpoints;
   const bool saves = options.checkpoint.every_epoch || options.checkpoint.every_steps > 0 || options.checkpoint.on_interrupt;
   if (!options.checkpoint_dir.empty()) {
+    // The run directory's name is the wall clock's second, which two runs can share (two
+    // run.out_dir with one checkpoint.dir, a clock set back): a random part keeps their files apart.
     std::string owner = options.run_dir && options.run_dir->enabled()
                             ? std::filesystem::path(options.run_dir->path()).filename().string()
                             : "run" + std::to_string(::getpid());
+    owner += "-" + unique_run_token();
     if (!options.tag.empty()) owner += "-" + options.tag;
     checkpoints = std::make_unique<CheckpointManager>(options.checkpoint_dir, options.checkpoint.keep_last, owner);
     // Now rather than at the first save: a directory that cannot be written is found before training.
@@ -478,6 +481,13 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
       record.seconds = final_sums.seconds;
       progress.finish();
       record.train_loss = sums.loss_count ? sums.loss_sum / static_cast<double>(sums.loss_count) : NAN;
+      // An epoch shorter than train.divergence_patience whose every loss was NaN or inf must not
+      // pass for a finished one.
+      if (sums.loss_count == 0 && sums.steps > 0)
+        return diverged("the loss was not finite at any of the " + std::to_string(sums.steps) + " steps of epoch " +
+                        std::to_string(epoch + 1) + " (fewer than train.divergence_patience=" +
+                        std::to_string(config.divergence_patience) +
+                        "): training diverged; lower train.optimizer.lr or enable train.grad_clip_norm");
       record.samples_per_second = static_cast<double>(sums.samples) / std::max(record.seconds, 1e-9);
       record.steps = sums.steps;
       record.skipped_steps = sums.skipped;

@@ -11,6 +11,7 @@
 #include "amplab/append_file.hpp"
 #include "amplab/config.hpp"
 #include "amplab/log.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -31,7 +32,7 @@ struct RunConfig {
   void fields(V& v) {
     v.field("device", device, "where to run: auto, cpu, cuda or cuda:N", check_device_spec);
     v.field("seed", seed, "seed of torch's CPU and CUDA generators", Range<int64_t>::at_least(0));
-    v.field("out_dir", out_dir, "run directories are created under <out_dir>/<lab>/");
+    v.field("out_dir", out_dir, "run directories are created under <out_dir>/<lab>/", check_path_value);
     v.field("log_level", log_level, "console log level");
     v.field("deterministic", deterministic, "use deterministic kernels (repeatable to the bit, slower)");
     v.field("cudnn_benchmark", cudnn_benchmark, "cuDNN tries its algorithms per shape and keeps the fastest (not with deterministic)");

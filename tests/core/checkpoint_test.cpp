@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
@@ -214,6 +216,56 @@ TEST(CheckpointManager, ResolveErrors) {
   std::filesystem::create_directories(dir.file("empty"));
   dir.write("empty/latest", std::string("\x01\x02garbage\xff", 11));
   EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"is damaged", "??garbage?"}));
+}
+
+// Special files are refused before anything is read from them: a FIFO with no writer would
+// block forever, /dev/zero would be read until memory runs out. A dangling `latest` link, and an
+// unreadable file, say so.
+TEST(CheckpointManager, SpecialFilesAndDanglingLinksAreNamedAsSuch) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("ckpts"));
+  CheckpointManager manager(dir.file("ckpts"), 2);
+  ASSERT_EQ(::mkfifo(dir.file("fifo.ckpt").c_str(), 0600), 0);
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve(dir.file("fifo.ckpt")); }, {"fifo.ckpt", "named pipe (FIFO)"}));
+  EXPECT_TRUE(test::throws_with([&] { read_checkpoint_info(dir.file("fifo.ckpt")); }, {"fifo.ckpt", "named pipe (FIFO)"}));
+  EXPECT_TRUE(test::throws_with([&] { read_checkpoint_info("/dev/zero"); }, {"/dev/zero", "character device"}));
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve(dir.path().string()); }, {"is a directory"}));
+  std::filesystem::create_symlink("gone.ckpt", dir.file("ckpts/latest"));
+  EXPECT_TRUE(manager.has_latest());
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"latest", "dangling symbolic link", "gone.ckpt"}));
+  EXPECT_TRUE(test::throws_with([&] { manager.resolve("~/x.ckpt"); }, {"'~/x.ckpt'", "$HOME/x.ckpt"}));
+}
+
+// A checkpoint is read no further than its header says: a file whose size disagrees (a huge
+// sparse file with a copied header) is refused from its header and size alone.
+TEST(CheckpointManager, AFileLargerThanItsHeaderSaysIsRefusedUnread) {
+  test::TempDir dir;
+  Toy s;
+  std::string good = dir.file("good.ckpt");
+  save_checkpoint(good, s.state(), info_at(1));
+  std::string bytes = read_file(good);
+  std::string big = dir.file("big.ckpt");
+  dir.write("big.ckpt", bytes.substr(0, 24));
+  ASSERT_EQ(::truncate(big.c_str(), off_t{1} << 40), 0);  // 1 TiB, sparse
+  EXPECT_TRUE(test::throws_with([&] { read_checkpoint_info(big); }, {"big.ckpt", "too long", "header promises"}));
+}
+
+// Two runs whose names coincide (the same clock second, one checkpoint.dir) never replace each
+// other's files: a run writes only names it created, and every run's names differ.
+TEST(CheckpointManager, NeverReplacesAnotherRunsFile) {
+  test::TempDir dir;
+  Toy s;
+  {
+    CheckpointManager first(dir.file("ckpts"), 2, "20261123-101010-cpu");
+    first.save(s.state(), info_at(3));
+  }
+  CheckpointManager second(dir.file("ckpts"), 2, "20261123-101010-cpu");
+  EXPECT_TRUE(test::throws_with([&] { second.save(s.state(), info_at(3)); },
+                                {"20261123-101010-cpu-step-00000003.ckpt", "already exists", "not replacing it"}));
+  EXPECT_NO_THROW(second.save(s.state(), info_at(4)));
+  EXPECT_NO_THROW(second.save(s.state(), info_at(4)));  // its own file: replaced, as a re-save at one step does
+  EXPECT_NE(unique_run_token(), unique_run_token());
+  EXPECT_EQ(unique_run_token().size(), 6u);
 }
 
 TEST(AtomicWrite, ReplacesWholeFilesAndLeavesNoTemporary) {

@@ -199,6 +199,42 @@ TEST(Config, SetErrorsNameTheOverride) {
   EXPECT_TRUE(test::throws_with([] { bind("", {"device.x=1"}); }, {"--set device.x=1", "device: expected a string"}));
 }
 
+// A --set value means what it says: YAML that would drop part of it (a '#' comment, an anchor)
+// keeps the whole text as a string, or is refused; a path starting with '~' is refused (only a
+// shell expands it); a second document is refused, in a file or a value.
+TEST(Config, SetValuesAreTakenWholeOrRefused) {
+  EXPECT_EQ(bind("", {"device=runs #2"}).device, "runs #2");
+  EXPECT_EQ(bind("", {"device=&anchor x"}).device, "&anchor x");
+  EXPECT_EQ(bind("", {"device=#1"}).device, "#1");
+  EXPECT_EQ(bind("", {"device=\"quoted # kept\""}).device, "quoted # kept");
+  EXPECT_EQ(bind("", {"train.modes=[gpu, cpu]"}).train.modes, (std::vector<std::string>{"gpu", "cpu"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.modes=[gpu] # fast"}); }, {"--set train.modes=[gpu] # fast", "'#'", "comment"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"train.epochs=3 # three"}); }, {"train.epochs", "'3 # three'"}));
+  EXPECT_TRUE(test::throws_with([] { bind("", {"device=a\n---\nb"}); }, {"--set device=", "second YAML document"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  epochs: 2\n---\ntrain:\n  epochs: 3\n"); },
+                                {"test.yaml:3", "second YAML document"}));
+  RunConfig run;
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("", "t.yaml", {"out_dir=~/runs"}).bind(run); },
+                                {"out_dir", "'~/runs' starts with '~'", "$HOME/runs"}));
+}
+
+struct NarrowConfig {
+  int count = 1;
+  template <class V>
+  void fields(V& v) {
+    v.field("count", count, "an int", Range<int64_t>::at_least(1));
+  }
+};
+
+// Beyond the field's type: said so, with the limit, not only the range's other end.
+TEST(Config, NumbersBeyondTheirTypeAreNamedAsSuch) {
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  batch_size: 99999999999999999999\n"); },
+                                {"train.batch_size", "beyond the range of a 64-bit integer"}));
+  NarrowConfig narrow;
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("count: 1000000000000\n", "t.yaml").bind(narrow); },
+                                {"count", "larger than 2147483647"}));
+}
+
 // For checks across keys: where each value came from.
 TEST(Config, WhereNamesTheLineTheOverrideOrTheFile) {
   auto source = ConfigSource::parse("train:\n  epochs: 2\n  optim:\n    lr: 0.5\n", "test.yaml", {"device=cpu"});

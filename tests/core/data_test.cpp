@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+#include <zlib.h>
+
 #include <cstdlib>
 #include <random>
 
@@ -27,6 +30,21 @@ IdxArray make_labels(int64_t n) {
   a.dims = {n};
   for (int64_t i = 0; i < n; ++i) a.data.push_back(static_cast<uint8_t>(i % 10));
   return a;
+}
+
+// One gzip member holding `bytes`.
+std::string gzip_member(std::string bytes) {
+  z_stream stream{};
+  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&stream, bytes.size()) + 32, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(bytes.data());
+  stream.avail_in = static_cast<uInt>(bytes.size());
+  stream.next_out = reinterpret_cast<Bytef*>(out.data());
+  stream.avail_out = static_cast<uInt>(out.size());
+  deflate(&stream, Z_FINISH);
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
+  return out;
 }
 
 // A tiny dataset directory in MNIST's layout.
@@ -88,7 +106,28 @@ TEST(Idx, CorruptAndTruncatedGzip) {
 
 TEST(Idx, MissingFileNamesThePath) {
   EXPECT_TRUE(test::throws_with([] { read_idx("/nonexistent/train-images-idx3-ubyte"); },
-                                {"/nonexistent/train-images-idx3-ubyte", "cannot open"}));
+                                {"/nonexistent/train-images-idx3-ubyte", "cannot open", "does not exist"}));
+}
+
+// What `cat a.gz b.gz` and pigz make is one file to gzip -d, and to us.
+TEST(Idx, AMultiMemberGzipIsReadWhole) {
+  IdxArray images = make_images(3);
+  std::string raw = encode_idx(images, false);
+  // Two members: the first half of the file's bytes, then the second half.
+  std::string first = gzip_member(raw.substr(0, raw.size() / 2)), second = gzip_member(raw.substr(raw.size() / 2));
+  IdxArray read = parse_idx(first + second, "two-members.gz");
+  EXPECT_EQ(read.dims, images.dims);
+  EXPECT_EQ(read.data, images.data);
+  // A member cut short is still refused as truncated.
+  EXPECT_TRUE(test::throws_with([&] { parse_idx(first + second.substr(0, second.size() / 2), "cut.gz"); }, {"cut.gz", "truncated"}));
+}
+
+// Special files are refused before they are opened: a FIFO with no writer would block forever.
+TEST(Idx, SpecialFilesAreRefusedSayingWhatTheyAre) {
+  test::TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  EXPECT_TRUE(test::throws_with([&] { read_idx(dir.file("fifo")); }, {dir.file("fifo"), "named pipe (FIFO)"}));
+  EXPECT_TRUE(test::throws_with([&] { read_idx("/dev/zero"); }, {"/dev/zero", "character device"}));
 }
 
 // Mutated IDX files, plain and gzip: never a crash, always an amplab::Error naming the file.
@@ -159,12 +198,26 @@ TEST(Mnist, MissingDatasetListsWhereItLooked) {
   EXPECT_TRUE(test::throws_with([&] { find_dataset_dir(config); }, {"data.dir", "/nonexistent/data", "fashion-mnist"}));
   config.dir = "";
   config.dataset = "mnist";
+  EXPECT_EQ(dataset_search_path(config).at(0), "data/mnist");
+  // An explicit variable is the only place looked at: used or refused, never skipped.
   ::setenv("MNIST_DIR", "/nonexistent/mnist-env", 1);
   auto dirs = dataset_search_path(config);
+  bool refused = test::throws_with([&] { find_dataset_dir(config); }, {"$MNIST_DIR='/nonexistent/mnist-env'", "unset it"});
   ::unsetenv("MNIST_DIR");
-  ASSERT_GE(dirs.size(), 2u);
-  EXPECT_EQ(dirs[0], "/nonexistent/mnist-env");
-  EXPECT_EQ(dirs[1], "data/mnist");
+  EXPECT_EQ(dirs, std::vector<std::string>{"/nonexistent/mnist-env"});
+  EXPECT_TRUE(refused);
+}
+
+// A bad file in an explicit $FASHION_MNIST_DIR is refused by name, not passed over for a copy
+// elsewhere.
+TEST(Mnist, ABadFileInTheVariablesDirectoryIsRefused) {
+  test::TempDir dir;
+  write_dataset(dir, 10, 5, true);
+  dir.write("t10k-labels-idx1-ubyte.gz", "not gzip");
+  ::setenv("FASHION_MNIST_DIR", dir.path().c_str(), 1);
+  bool refused = test::throws_with([&] { load_mnist(DataConfig{}); }, {dir.file("t10k-labels-idx1-ubyte.gz")});
+  ::unsetenv("FASHION_MNIST_DIR");
+  EXPECT_TRUE(refused);
 }
 
 TEST(Mnist, InconsistentFilesAreErrors) {

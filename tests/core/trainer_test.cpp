@@ -188,6 +188,23 @@ TEST(Loop, DivergenceGuardStopsOnNonFiniteLoss) {
   EXPECT_EQ(trainer.global_step(), 6);  // noticed at the first log point after the 5th
 }
 
+// An epoch shorter than the patience whose every loss is NaN is a diverged run, not a success.
+TEST(Loop, AnEpochWithoutAFiniteLossFailsWhateverThePatience) {
+  torch::manual_seed(0);
+  ToyData data(64);
+  auto net = std::make_shared<Net>();
+  LossFn nan_loss = [&](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target) * NAN; };
+  auto config = sgd_config(4, 1);
+  config.divergence_patience = 1000;  // more than the run's 16 steps
+  Trainer trainer(net, nan_loss, config, torch::kCPU, course_mechanisms());
+  TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
+  auto result = fit(trainer, batches, quiet_options());
+  EXPECT_EQ(result.status, FitStatus::diverged);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_TRUE(test::throws_with([&] { throw Error(result.message); },
+                                {"not finite at any of the 16 steps of epoch 1", "train.divergence_patience=1000"}));
+}
+
 TEST(Loop, RaggedLastGroupIsAShorterGroup) {
   torch::manual_seed(0);
   ToyData data(40);

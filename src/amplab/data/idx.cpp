@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "amplab/error.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -43,6 +44,12 @@ std::string gunzip(const std::string& compressed, const std::string& name) {
     if (status == Z_OK && stream.avail_in == 0 && stream.avail_out != 0) {
       status = Z_BUF_ERROR;  // input ended before the end of the gzip stream
       break;
+    }
+    // Several gzip members one after the other (`cat a.gz b.gz`, pigz) are one file to gzip -d:
+    // go on with the next member.
+    if (status == Z_STREAM_END && stream.avail_in >= 2 && stream.next_in[0] == 0x1f && stream.next_in[1] == 0x8b) {
+      if (inflateReset(&stream) != Z_OK) break;
+      status = Z_OK;
     }
   }
   std::string message = stream.msg ? stream.msg : "";
@@ -109,6 +116,8 @@ IdxArray parse_idx(const std::string& file_bytes, const std::string& name) {
 }
 
 IdxArray read_idx(const std::string& path) {
+  // Before opening: a FIFO would block the open, a device would be read until memory runs out.
+  if (std::string problem = regular_file_problem(path); !problem.empty()) throw Error(path + ": cannot open (it " + problem + ")");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   std::ostringstream buffer;

@@ -15,11 +15,13 @@ namespace {
 
 const char* kDebianFashionDir = "/usr/share/datasets/fashion-mnist";
 
-// The file for `stem` in `dir`, gzip-compressed or not; "" when neither exists.
+// The file for `stem` in `dir`, gzip-compressed or not; "" when neither exists. Whatever the
+// name holds (a FIFO, a dangling link) is taken: reading it then says what is wrong with it.
 std::string find_file(const std::string& dir, const std::string& stem) {
   for (const char* suffix : {".gz", ""}) {
     fs::path p = fs::path(dir) / (stem + suffix);
-    if (fs::is_regular_file(p)) return p.string();
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(p, ec)) && !fs::is_directory(p, ec)) return p.string();
   }
   return "";
 }
@@ -35,9 +37,11 @@ bool has_dataset(const std::string& dir) {
 
 std::vector<std::string> dataset_search_path(const DataConfig& config) {
   std::vector<std::string> dirs;
-  if (!config.dir.empty()) return {config.dir};  // an explicit directory is the only place looked at
+  // An explicit directory (the key, else the variable) is the only place looked at: used, or
+  // refused with what is wrong in it, never skipped in favour of another copy.
+  if (!config.dir.empty()) return {config.dir};
   const char* env_name = config.dataset == "mnist" ? "MNIST_DIR" : "FASHION_MNIST_DIR";
-  if (const char* env = std::getenv(env_name); env && *env) dirs.push_back(env);
+  if (const char* env = std::getenv(env_name); env && *env) return {env};
   dirs.push_back((fs::path("data") / config.dataset).string());
   dirs.push_back((fs::path(source_dir()) / "data" / config.dataset).string());
   if (config.dataset == "fashion-mnist") dirs.push_back(kDebianFashionDir);
@@ -50,6 +54,11 @@ std::string find_dataset_dir(const DataConfig& config) {
     if (has_dataset(dir)) return dir;
   std::string tried;
   for (const auto& dir : dirs) tried += (tried.empty() ? "" : ", ") + dir;
+  const char* env_name = config.dataset == "mnist" ? "MNIST_DIR" : "FASHION_MNIST_DIR";
+  if (config.dir.empty() && dirs.size() == 1)
+    throw Error(std::string("$") + env_name + "='" + dirs[0] + "' holds no " + config.dataset +
+                " files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]); fix it, or unset it to search data/ and "
+                "the system's copy");
   std::string how = config.dataset == "mnist"
                         ? "run scripts/fetch-mnist.sh (needs internet) or set data.dir / $MNIST_DIR"
                         : "install Debian's dataset-fashion-mnist (scripts/setup.sh does) or set data.dir / $FASHION_MNIST_DIR";

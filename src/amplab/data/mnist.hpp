@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "amplab/config.hpp"
+#include "amplab/paths.hpp"
 
 namespace amplab {
 
@@ -19,7 +20,8 @@ struct DataConfig {
   template <class V>
   void fields(V& v) {
     v.choice("dataset", dataset, {"fashion-mnist", "mnist"}, "which dataset");
-    v.field("dir", dir, "directory holding the IDX files (empty: search $FASHION_MNIST_DIR/$MNIST_DIR, data/, /usr/share/datasets)");
+    v.field("dir", dir, "directory holding the IDX files (empty: $FASHION_MNIST_DIR/$MNIST_DIR when set, else data/, /usr/share/datasets)",
+            check_path_value);
     v.field("train_limit", train_limit, "use only the first N training images (0: all)", Range<int64_t>::at_least(0));
     v.field("test_limit", test_limit, "use only the first N test images (0: all)", Range<int64_t>::at_least(0));
   }
