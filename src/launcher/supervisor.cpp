@@ -89,6 +89,7 @@ struct Running {
   bool alive = false;
   bool stopped = false;  // the launcher sent it SIGTERM because another worker failed
   int status = 0;        // waitpid's, once it ended
+  Clock::time_point ended{};
   Stream out, err;
   std::string prefix;  // "[rank N] "
 };
@@ -106,6 +107,31 @@ int exit_code_of(int status) {
 }
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// "12.3 s"
+std::string seconds_between(Clock::time_point from, Clock::time_point to) {
+  auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count() / 100;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+}
+
+// A rank that ended well while others still run, long after: they probably wait for it in a
+// collective until their own timeout. Said once, naming the rank, its code and when it ended.
+constexpr auto kLonelyAfter = std::chrono::seconds(10);
+void report_early_exit(const std::vector<Running>& workers, Clock::time_point started, bool& said) {
+  if (said) return;
+  const auto now = Clock::now();
+  std::string running;
+  const Running* gone = nullptr;
+  for (const auto& w : workers) {
+    if (w.alive) running += (running.empty() ? "" : ", ") + std::to_string(w.spec->rank);
+    else if (!gone && !failed(w.status) && now - w.ended > kLonelyAfter) gone = &w;
+  }
+  if (!gone || running.empty()) return;
+  said = true;
+  say("rank " + std::to_string(gone->spec->rank) + " (pid " + std::to_string(gone->pid) + ") exited with code 0 after " +
+      seconds_between(started, gone->ended) + "; rank(s) " + running + " still run " + seconds_between(gone->ended, now) +
+      " later and may wait for it until their timeout (dist.timeout_s); Ctrl-C stops them");
+}
 
 std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   std::vector<char*> out;
@@ -259,6 +285,8 @@ int supervise(const SupervisorOptions& options, bool* interrupted) {
     }
   }
 
+  const auto started = Clock::now();
+  bool said_early_exit = false;
   std::optional<Clock::time_point> drain_until;  // after the last exit, stray grandchildren may hold pipes
   for (;;) {
     bool any_alive = false, any_open = false;
@@ -304,12 +332,14 @@ int supervise(const SupervisorOptions& options, bool* interrupted) {
       pid_t done = waitpid(w.pid, &w.status, WNOHANG);
       if (done != w.pid) continue;
       w.alive = false;
+      w.ended = Clock::now();
       if (failed(w.status) && !failure && !start_error && interrupt_signal == 0) {
         failure = i;
         stop_all();
       }
     }
 
+    if (!failure && !start_error && interrupt_signal == 0) report_early_exit(workers, started, said_early_exit);
     if (kill_pending && Clock::now() >= kill_at) {
       signal_all(workers, SIGKILL);
       kill_pending = false;
@@ -343,7 +373,7 @@ int supervise(const SupervisorOptions& options, bool* interrupted) {
         also_failed += "; rank " + std::to_string(o.spec->rank) + " also failed: it " + describe_status(o.status);
     }
     say("rank " + std::to_string(w.spec->rank) + " (local rank " + std::to_string(w.spec->local_rank) + ", pid " +
-        std::to_string(w.pid) + ") " + describe_status(w.status) +
+        std::to_string(w.pid) + ", " + seconds_between(started, w.ended) + " after the start) " + describe_status(w.status) +
         (stopped.empty() ? "" : "; stopped the other ranks (" + stopped + ")") + also_failed);
     return exit_code_of(w.status);
   }

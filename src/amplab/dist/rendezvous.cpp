@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "amplab/error.hpp"
@@ -33,15 +34,25 @@ std::string store_address(const WorldInfo& world) {
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // While a client retries connecting, torch logs every failed try as an error with a C++
-// backtrace; we report the outcome in one line instead. Start-up only: hiding torch's logs
-// for longer would hide problems we do not report.
+// backtrace, and every wait that times out as a warning ("waitForInput ... likely a timeout"):
+// our waits time out on purpose, every 250 ms, to look for dead ranks. We report the outcome in
+// one line instead. Only around those calls: hiding torch's logs for longer would hide problems
+// we do not report. Counted, since several threads may wait at once: the last one out restores.
 class QuietTorchLogs {
  public:
-  QuietTorchLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; /* FATAL only */ }
-  ~QuietTorchLogs() { FLAGS_caffe2_log_level = saved_; }
+  QuietTorchLogs() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (depth_++ == 0) saved_ = FLAGS_caffe2_log_level, FLAGS_caffe2_log_level = 3; /* FATAL only */
+  }
+  ~QuietTorchLogs() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--depth_ == 0) FLAGS_caffe2_log_level = saved_;
+  }
 
  private:
-  int saved_;
+  static inline std::mutex mutex_;
+  static inline int depth_ = 0;
+  static inline int saved_ = 0;
 };
 
 }  // namespace
@@ -172,6 +183,7 @@ void StoreExchange::wait_for(const std::string& what, const std::vector<std::str
     std::vector<int> missing;
     try {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      QuietTorchLogs quiet;
       store_->wait(keys, std::max(std::chrono::milliseconds(1), std::min(slice, left)));
       return;
     } catch (const c10::DistNetworkError& e) {
