@@ -120,9 +120,12 @@ struct PhaseRow {
   double device_ms = 0;
 };
 
-std::vector<PhaseRow> profile_step(amplab::Trainer& trainer, amplab::BatchSource& batches, int steps) {
+// The steps the profile takes on `device`: a CPU step is slow, and steady, so a few tell.
+int profiled_steps(const torch::Device& device, int requested) { return device.is_cuda() ? requested : std::min(requested, 3); }
+
+std::vector<PhaseRow> profile_step(amplab::Trainer& trainer, amplab::BatchSource& batches, int requested) {
   const torch::Device device = trainer.device();
-  if (!device.is_cuda()) steps = std::min(steps, 3);  // a CPU step is slow, and steady: a few tell
+  const int steps = profiled_steps(device, requested);
   const amplab::StepMechanisms mechanisms = amplab::course_mechanisms();
   std::map<std::string, std::vector<double>> host, dev;
   const std::vector<std::string> order = {"data", "forward", "backward", "optimizer"};
@@ -216,6 +219,7 @@ int main(int argc, char** argv) {
     }
 
     std::map<std::string, std::vector<PhaseRow>> profiles;  // per mode label
+    std::map<std::string, int> profile_counts;              // the steps each mode's profile took
     mnist::RunMode run_mode = [&](const mnist::Mode& mode) -> mnist::ModeResult {
       for (const auto& done : finished)
         if (done.mode == mode.label()) return done;  // finished before the interruption
@@ -280,7 +284,8 @@ int main(int argc, char** argv) {
       if (!fit.already_finished) result.memory = mnist::memory_use(trainer.memory());
       else result.memory.source = "-";
       if (config.mnist.profile_steps > 0 && !fit.already_finished) {
-        amplab::log::info("[" + mode.label() + "] profile: " + std::to_string(config.mnist.profile_steps) +
+        profile_counts[mode.label()] = profiled_steps(device, config.mnist.profile_steps);
+        amplab::log::info("[" + mode.label() + "] profile: " + std::to_string(profile_counts[mode.label()]) +
                           " steps phase by phase, then back to back");
         auto rows = profile_step(trainer, batches, config.mnist.profile_steps);
         const double graphed = result.seconds_per_epoch * 1000.0 / static_cast<double>(batches.batches_per_epoch());
@@ -334,8 +339,10 @@ int main(int argc, char** argv) {
           profile_json[r.mode][row.phase] = {{"host_ms", row.host_ms}, {"device_ms", row.device_ms}};
         }
       }
-      std::cout << "\nWhere a step's time goes (" << config.mnist.profile_steps
-                << " steps, medians; each phase alone between two synchronizations; host: the CPU issuing it, "
+      std::string counts;  // the sample behind each mode's medians, as taken
+      for (const auto& [mode, steps] : profile_counts) counts += (counts.empty() ? "" : ", ") + mode + " " + std::to_string(steps);
+      std::cout << "\nWhere a step's time goes (steps per mode: " << counts
+                << "; medians; each phase alone between two synchronizations; host: the CPU issuing it, "
                    "device: until its last kernel ended):\n"
                 << phases.to_string();
       phases.write_csv(run.file("phases.csv"));
