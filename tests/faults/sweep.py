@@ -14,8 +14,10 @@ Each case runs a binary (or two, or a launcher) with a timeout and is judged:
            epoch: train loss, test accuracy, test loss), or a checkpoint that should load does not;
   unclear  bad input accepted (exit 0), or refused with anything but one 'error:' line naming
            what was wrong (the key, the file, the rank);
+  wrong    silently something else than what was asked (a value cut short, a file in another
+           place): exit 0 with the wrong result;
   skipped  the machine cannot stage it (no tmpfs for the full disk): counted apart, not passed.
-Prints a table (cases tried, crashes, hangs, data lost, unclear messages, skipped) and a line per
+Prints a table (cases tried, crashes, hangs, data lost, silent wrong, unclear messages, skipped) and a line per
 failed case; exit 1 when any case failed. Standard library only; CPU only.
 """
 import argparse
@@ -233,6 +235,7 @@ def yaml_cases(bindir, out_root):
         "wrong type in the file": ("run:\n  seed: abc\n", ["run.seed"]),
         "unknown section": ("rnu:\n  seed: 1\n", ["rnu"]),
         "tab indentation": ("run:\n\tseed: 1\n", []),
+        "two documents": ("run:\n  seed: 1\n---\nrun:\n  seed: 2\n", ["second YAML document"]),
     }
     cases = []
     for lab in LABS:
@@ -292,6 +295,144 @@ def cli_cases(bindir, out_root):
     return cases
 
 
+def special_file_cases(bindir, out_root):
+    """FIFOs, devices, sparse files, dangling links and unreadable files where a file is expected:
+    refused up front, saying what they are (a FIFO with no writer used to block forever, a device
+    to be read until memory ran out). Named cli/ and yaml/: quick, and in CI."""
+    if not (bindir / "mnist").exists():
+        return []
+    mnist = str(bindir / "mnist")
+
+    def workdir():
+        return pathlib.Path(tempfile.mkdtemp(dir=out_root))
+
+    def config_fifo():
+        work = workdir()
+        os.mkfifo(work / "config.yaml")
+        return refused([mnist, "--config", str(work / "config.yaml")], [str(work / "config.yaml"), "FIFO"], timeout=30)
+
+    def resume_special(make, names_of):
+        def go():
+            work = workdir()
+            target = make(work)
+            cmd = [mnist] + TINY + ["--set", f"run.out_dir={work}", "--resume", target]
+            return refused(cmd, names_of(target), timeout=60)
+        return go
+
+    def fifo(work):
+        os.mkfifo(work / "ckpt")
+        return str(work / "ckpt")
+
+    def sparse(work):
+        with open(work / "big.ckpt", "wb") as f:
+            f.truncate(1 << 40)  # 1 TiB of zeros, no blocks on disk
+        return str(work / "big.ckpt")
+
+    def unreadable_config():
+        if os.geteuid() == 0:
+            return "skipped", "root reads any file: cannot stage an unreadable one", ""
+        work = workdir()
+        (work / "c.yaml").write_text("run:\n  seed: 1\n")
+        (work / "c.yaml").chmod(0)
+        return refused([mnist, "--config", str(work / "c.yaml")], [str(work / "c.yaml"), "Permission denied"])
+
+    def dangling_latest():
+        work = workdir()
+        checkpoints = work / "mnist" / "checkpoints"
+        checkpoints.mkdir(parents=True)
+        (checkpoints / "latest").symlink_to("gone-step-00000001.ckpt")
+        cmd = [mnist] + TINY + ["--set", f"run.out_dir={work}", "--resume", "latest"]
+        return refused(cmd, ["latest", "dangling symbolic link"], timeout=60)
+
+    return [Case("cli/mnist/--config names a FIFO with no writer", "cli", config_fifo, 40),
+            Case("cli/mnist/--resume names a FIFO with no writer", "cli",
+                 resume_special(fifo, lambda t: [t, "FIFO"]), 70),
+            Case("cli/mnist/--resume /dev/zero", "cli",
+                 resume_special(lambda w: "/dev/zero", lambda t: [t, "character device"]), 70),
+            Case("cli/mnist/--resume /dev/urandom", "cli",
+                 resume_special(lambda w: "/dev/urandom", lambda t: [t, "character device"]), 70),
+            Case("cli/mnist/--resume a 1 TiB sparse file", "cli", resume_special(sparse, lambda t: [t]), 70),
+            Case("cli/mnist/--config unreadable", "cli", unreadable_config),
+            Case("cli/mnist/--resume latest, a dangling symbolic link", "cli", dangling_latest, 70)]
+
+
+def surprise_cases(bindir, out_root):
+    """Input that used to mean something else than what it says, silently: a '#' in a --set value,
+    '~' in a path, an empty --resume, an explicit data directory passed over, numbers beyond their
+    type, a launcher piped into head. Named cli/: quick, and in CI."""
+    if not (bindir / "mnist").exists():
+        return []
+    mnist = str(bindir / "mnist")
+    cases = []
+
+    def set_refused(assignment, names):
+        def go():
+            work = tempfile.mkdtemp(dir=out_root)
+            return refused([mnist, "--set", f"run.out_dir={work}", "--set", assignment], names)
+        return go
+    for assignment, names, what in [
+            ("run.out_dir=~/amplab-runs", ["run.out_dir", "'~/amplab-runs' starts with '~'"], "'~' in run.out_dir"),
+            ("checkpoint.dir=~/ckpts", ["checkpoint.dir", "'~/ckpts' starts with '~'"], "'~' in checkpoint.dir"),
+            ("mnist.cpu_epochs=1000000000000", ["mnist.cpu_epochs", "larger than 2147483647"], "an int key beyond int"),
+            ("train.batch_size=99999999999999999999", ["train.batch_size", "64-bit"], "an integer beyond int64"),
+            ("mnist.modes=[cpu] # only the cpu", ["mnist.modes", "comment"], "a list with a comment")]:
+        cases.append(Case(f"cli/mnist/--set {what}", "cli", set_refused(assignment, names)))
+
+    def hash_in_value():
+        work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        # data.dir that does not exist: the run stops right after making its run directory.
+        cmd = [mnist, "--set", f"run.out_dir={work}/runs #2", "--set", f"data.dir={work}/nodata"]
+        rc, out, _ = run(cmd, 60)
+        if rc is None:
+            return "hang", "", " ".join(cmd)
+        if (work / "runs").exists():
+            return "wrong", f"--set run.out_dir='{work}/runs #2' wrote to '{work}/runs'", " ".join(cmd)
+        if not (work / "runs #2" / "mnist").exists():
+            return "unclear", f"no run directory under 'runs #2' and no refusal of the value: {out.strip()[-200:]!r}", " ".join(cmd)
+        return "ok", "the value kept whole: 'runs #2'", " ".join(cmd)
+    cases.append(Case("cli/mnist/--set a value with ' #' in it", "cli", hash_in_value))
+
+    def empty_resume():
+        work = tempfile.mkdtemp(dir=out_root)
+        return refused([mnist] + TINY + ["--set", f"run.out_dir={work}", "--resume", ""], ["--resume", "empty"])
+    cases.append(Case("cli/mnist/--resume '' (an unset variable)", "cli", empty_resume))
+
+    def explicit_data_dir(how):
+        def go():
+            work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+            data = work / "data"
+            data.mkdir()
+            names = ["FASHION_MNIST_DIR"]
+            if how == "a bad file":
+                source = dataset_dir()
+                if source is None:
+                    return "skipped", "no Fashion-MNIST files here", ""
+                for f in ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"]:
+                    shutil.copy(source / f"{f}.gz", data / f"{f}.gz")
+                (data / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not gzip\n")
+                names = [str(data / "t10k-labels-idx1-ubyte.gz")]
+            cmd = [mnist] + TINY + ["--set", f"run.out_dir={work}/runs"]
+            rc, out, _ = run(cmd, 120, env=dict(os.environ, FASHION_MNIST_DIR=str(data)))
+            return judge_error(rc, out, names, f"FASHION_MNIST_DIR={data} " + " ".join(cmd))
+        return go
+    cases.append(Case("cli/mnist/$FASHION_MNIST_DIR names an empty directory", "cli", explicit_data_dir("empty"), 130))
+    cases.append(Case("cli/mnist/$FASHION_MNIST_DIR holds a bad file", "cli", explicit_data_dir("a bad file"), 130))
+
+    def launcher_into_head():
+        if not (bindir / "amplab-run").exists():
+            return "skipped", "no amplab-run", ""
+        script = (f"'{bindir}/amplab-run' --nproc-per-node 2 -- /bin/sh -c 'seq 1 20000' 2>&1 | head -1 >/dev/null; "
+                  "exit ${PIPESTATUS[0]}")
+        rc, out, _ = run(["/bin/bash", "-c", script], 60)
+        if rc is None:
+            return "hang", "", script
+        if rc != 0:
+            return "crash", f"amplab-run ended with {rc} (141: SIGPIPE) once head had its line", script
+        return "ok", "exit 0: the launcher and its ranks outlived the reader", script
+    cases.append(Case("cli/amplab-run/2>&1 | head -1", "cli", launcher_into_head))
+    return cases
+
+
 def dataset_dir():
     for candidate in [os.environ.get("FASHION_MNIST_DIR", ""), str(ROOT / "data" / "fashion-mnist"),
                       "/usr/share/datasets/fashion-mnist"]:
@@ -343,6 +484,26 @@ def data_cases(bindir, out_root):
             kinds.append("27x29 images")
         for how in kinds:
             cases.append(Case(f"data/{name}/{how}", "data", corrupt(name, how), timeout=120))
+
+    def multi_member():  # what `cat a.gz b.gz` and pigz make: valid, and read whole
+        work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        for f in files:
+            shutil.copy(source / f"{f}.gz", work / f"{f}.gz")
+        raw = gzip.decompress((work / "train-labels-idx1-ubyte.gz").read_bytes())
+        half = len(raw) // 2
+        (work / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(raw[:half]) + gzip.compress(raw[half:]))
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", f"data.dir={work}",
+                                                "--set", f"run.out_dir={work}/runs"]
+        rc, out, _ = run(cmd, 300)
+        if rc is None:
+            return "hang", "", " ".join(cmd)
+        crash = crashed(rc, out)
+        if crash:
+            return "crash", crash, " ".join(cmd)
+        if rc != 0:
+            return "unclear", f"a valid two-member gzip refused (exit {rc}): {out.strip()[-200:]!r}", " ".join(cmd)
+        return "ok", "read whole and trained", " ".join(cmd)
+    cases.append(Case("data/train-labels-idx1-ubyte/two gzip members (cat a.gz b.gz)", "data", multi_member, 330))
     return cases
 
 
@@ -414,6 +575,8 @@ def signal_cases(bindir, out_root):
         cases.append(Case(f"signal/SIGTERM at {at} s, then --resume auto", "signal", interrupted(signal.SIGTERM, at, "SIGTERM"), 330))
     for at in [2.5, 3.5, 5.0, 6.5, 7.5, 9.0]:
         cases.append(Case(f"signal/SIGKILL at {at} s, then --resume auto", "signal", interrupted(signal.SIGKILL, at, "SIGKILL"), 330))
+    for at in [3.0, 4.5, 6.0]:  # a closed terminal: saved as for SIGTERM
+        cases.append(Case(f"signal/SIGHUP at {at} s, then --resume auto", "signal", interrupted(signal.SIGHUP, at, "SIGHUP"), 330))
 
     def twice():
         out_dir = tempfile.mkdtemp(dir=out_root)
@@ -428,6 +591,128 @@ def signal_cases(bindir, out_root):
             ("hang", f"took {seconds:.1f} s after two Ctrl-C", " ".join(cmd))
     cases.append(Case("signal/two SIGINTs exit at once", "signal", twice, 90))
     return cases
+
+
+def resumed_like_baseline(bindir, out_root, out_dir, cmd, what):
+    """--resume auto after `what`; the verdict of comparing its last epoch with the uninterrupted run's."""
+    expected, where = baseline(bindir, out_root)
+    if expected is None:
+        return "crash", f"the uninterrupted run failed: {where[-300:]}", ""
+    resume = cmd + ["--resume", "auto"]
+    rc, out, _ = run(resume, 180)
+    if rc is None:
+        return "hang", "the resumed run did not end", " ".join(resume)
+    crash = crashed(rc, out)
+    if crash:
+        return "crash", "resuming: " + crash, " ".join(resume)
+    got = last_epoch(out_dir)
+    if rc != 0 or got != expected:
+        return "lost", f"{what}; resumed (exit {rc}) to {got}, uninterrupted {expected}: {out.strip()[-200:]!r}", " ".join(resume)
+    return "ok", f"{what}; resumed to the same last epoch {got}", " ".join(resume)
+
+
+def saved_in_log(out_dir):
+    """Whether the run's log file says an interrupt saved a checkpoint (its console may be gone)."""
+    return any("checkpoint saved to" in log.read_text(errors="replace")
+               for log in pathlib.Path(out_dir).glob("mnist/2*/mnist.log"))
+
+
+def terminal_cases(bindir, out_root):
+    """The terminal goes away: a pipe whose reader died (| tee killed by the same Ctrl-C, | head),
+    closed descriptors, a file-size limit. Every case ends in a checkpoint that resumes to the
+    uninterrupted run, or in one error line."""
+    if not (bindir / "mnist").exists():
+        return []
+
+    def shell(cmd, tail):
+        return " ".join(f"'{a}'" for a in cmd) + tail
+
+    def under_tee():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={out_dir}"]
+        # Ctrl-C reaches the whole pipeline: tee dies at once, the run's next console line meets no
+        # reader. (bash traps SIGINT to report the run's own exit; the run gets SIGINT's default.)
+        script = "trap : INT; " + shell(cmd, f" 2>&1 | tee '{out_dir}/console.log' >/dev/null; exit ${{PIPESTATUS[0]}}")
+        rc, out, _ = run(["/bin/bash", "-c", script], 120, signals=[(4.5, signal.SIGINT, None)])
+        if rc is None:
+            return "hang", "no exit after Ctrl-C under | tee", script
+        if rc == 141 or crashed(rc, out, sent=(signal.SIGINT,)):
+            return "crash", f"exit {rc} (141: SIGPIPE) under | tee", script
+        if rc == 130 and not saved_in_log(out_dir):
+            return "lost", "exit 130 under | tee without an interrupt checkpoint", script
+        return resumed_like_baseline(bindir, out_root, out_dir, cmd, f"Ctrl-C under | tee: exit {rc}")
+
+    def into_head():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={out_dir}"]
+        script = shell(cmd, " 2>&1 | head -1 >/dev/null; exit ${PIPESTATUS[0]}")
+        rc, out, _ = run(["/bin/bash", "-c", script], 300)
+        expected, _ = baseline(bindir, out_root)
+        if rc is None:
+            return "hang", "", script
+        if rc != 0:
+            return "crash", f"exit {rc} (141: SIGPIPE) once head had its line", script
+        got = last_epoch(out_dir)
+        return ("ok", f"ran to the end: {got}", script) if got == expected else \
+            ("lost", f"ended at {got}, uninterrupted {expected}", script)
+
+    def closed_descriptors():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={out_dir}"]
+        script = "exec " + shell(cmd, " <&- >&- 2>&-")
+        rc, out, _ = run(["/bin/bash", "-c", script], 120, signals=[(4.5, signal.SIGTERM, None)])
+        if rc is None:
+            return "hang", "", script
+        lock = pathlib.Path(out_dir) / "mnist" / "checkpoints" / ".lock"
+        text = lock.read_text(errors="replace") if lock.exists() else ""
+        if text.count("\n") > 1:
+            return "wrong", f"console output landed in the lock file: {text[:200]!r}", script
+        if rc == 143 and not saved_in_log(out_dir):
+            return "lost", "exit 143 without an interrupt checkpoint", script
+        return resumed_like_baseline(bindir, out_root, out_dir, cmd, f"SIGTERM with <&- >&- 2>&-: exit {rc}")
+
+    def file_size_limit():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={out_dir}"]
+        script = "ulimit -f 64; exec " + shell(cmd, "")  # 64 KiB per file; SIGXFSZ left at its default
+        rc, out, _ = run(["/bin/bash", "-c", script], 120)
+        if rc == 128 + signal.SIGXFSZ or rc == -signal.SIGXFSZ:
+            return "crash", "killed by SIGXFSZ", script
+        return judge_error(rc, out, ["File too large"], script)
+
+    return [Case("terminal/Ctrl-C under 2>&1 | tee, then --resume auto", "terminal", under_tee, 330),
+            Case("terminal/2>&1 | head -1: runs to the end", "terminal", into_head, 330),
+            Case("terminal/stdin, stdout, stderr closed, SIGTERM, then --resume auto", "terminal", closed_descriptors, 330),
+            Case("terminal/ulimit -f 64 (a file-size limit)", "terminal", file_size_limit, 150)]
+
+
+def clock_cases(bindir, out_root):
+    """Two runs with their own run.out_dir sharing checkpoint.dir, started at the same clock second
+    (faketime): each keeps its checkpoint."""
+    faketime = shutil.which("faketime")
+    if not (bindir / "mnist").exists():
+        return []
+
+    def same_second():
+        if faketime is None:
+            return "skipped", "no faketime (apt-get install faketime)", ""
+        work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        shared = work / "shared-checkpoints"
+        names = []
+        for n in (1, 2):
+            cmd = [faketime, "2026-03-01 12:00:00", str(bindir / "mnist")] + TINY + [
+                "--set", "mnist.cpu_epochs=1", "--set", f"run.out_dir={work}/out{n}", "--set", f"checkpoint.dir={shared}"]
+            rc, out, _ = run(cmd, 300)
+            if rc != 0:
+                return "crash" if crashed(rc, out) else "unclear", f"run {n}: exit {rc}: {out.strip()[-200:]!r}", " ".join(cmd)
+            names.append(sorted(p.name for p in (work / f"out{n}" / "mnist").iterdir()))
+        kept = sorted(p.name for p in shared.glob("*.ckpt"))
+        if names[0] != names[1]:
+            return "skipped", f"faketime did not repeat the second here: {names}", ""
+        if len(kept) != 2:
+            return "lost", f"two runs in the same second, {len(kept)} checkpoint(s) kept: {kept}", " ".join(cmd)
+        return "ok", f"both kept: {kept}", " ".join(cmd)
+    return [Case("clock/two runs in the same second share checkpoint.dir (faketime)", "clock", same_second, 660)]
 
 
 def checkpoint_cases(bindir, out_root):
@@ -574,7 +859,17 @@ def divergence_cases(bindir, out_root):
         if later:
             return "lost", f"checkpoints after the last good one were kept: {later}", " ".join(cmd)
         return "ok", f"{verdict[1][:120]}; kept: {[k.name[-15:] for k in kept]}", " ".join(cmd)
-    return [Case("divergence/lr=1e6, a checkpoint every step", "divergence", diverge, 330)]
+    def nan_beyond_patience():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.optimizer.lr=1e6", "--set", "train.divergence_patience=100000",
+                                                "--set", f"run.out_dir={out_dir}"]
+        rc, out, _ = run(cmd, 300)
+        if rc == 0:
+            return "wrong", "a run whose loss was NaN for whole epochs reported success", " ".join(cmd)
+        return judge_error(rc, out, ["not finite", "train.divergence_patience"], " ".join(cmd))
+    return [Case("divergence/lr=1e6, a checkpoint every step", "divergence", diverge, 330),
+            Case("divergence/NaN for whole epochs, train.divergence_patience beyond the run", "divergence",
+                 nan_beyond_patience, 330)]
 
 
 def disk_full_cases(bindir, out_root):
@@ -621,9 +916,33 @@ def dead_rank_cases(bindir, out_root):
             named = [line for line in out.splitlines() if "rank 1" in line and ("error" in line or "died" in line or "stopped" in line)]
             if not named:
                 return "unclear", f"no line names rank 1: {out.strip()[-400:]!r}", " ".join(cmd)
+            polls = out.count("likely a timeout")
+            if polls and kind == "amplab-run":
+                return "unclear", f"{polls} lines of c10d's waitForInput warnings around the error", " ".join(cmd)
             return "ok", f"stopped after {seconds:.1f} s: {named[0][:160]}", " ".join(cmd)
         return go
-    return [Case("dead rank/amplab-run, rank 1 killed", "dead rank", launch("amplab-run"), 120),
+    def exits_at_once():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        worker = (f"if [ $RANK = 1 ]; then exit 0; fi; exec '{bindir}/ddp' --set run.device=cpu --set dist.timeout_s=20 "
+                  f"--set data.train_limit=512 --set data.test_limit=100 --set train.epochs=1 --set run.out_dir={out_dir}")
+        cmd = [str(bindir / "amplab-run"), "--nproc-per-node", "2", "--", "/bin/bash", "-c", worker]
+        rc, out, _ = run(cmd, 90)
+        if rc is None:
+            return "hang", "", " ".join(cmd)
+        if rc == 0:
+            return "unclear", "exit 0 although rank 1 never joined", " ".join(cmd)
+        polls = out.count("likely a timeout")
+        if polls:
+            return "unclear", f"{polls} lines of c10d's waitForInput warnings", " ".join(cmd)
+        if not re.search(r"rank 1 \(pid \d+\) exited with code 0 after", out):
+            return "unclear", f"no launcher line names rank 1's exit: {out.strip()[-300:]!r}", " ".join(cmd)
+        errors = [line for line in out.splitlines() if "error:" in line]
+        if len(errors) != 1 or "rank 1" not in errors[0]:
+            return "unclear", f"not one error line naming rank 1: {errors}", " ".join(cmd)
+        return "ok", errors[0][:160], " ".join(cmd)
+
+    return [Case("dead rank/amplab-run, rank 1 exits 0 at once", "dead rank", exits_at_once, 120),
+            Case("dead rank/amplab-run, rank 1 killed", "dead rank", launch("amplab-run"), 120),
             Case("dead rank/torchrun --no-python, rank 1 killed", "dead rank", launch("torchrun"), 120)]
 
 
@@ -640,8 +959,9 @@ def main():
         return 2
     out_root = tempfile.mkdtemp(prefix="amplab-sweep-")
     cases = []
-    for make in (config_cases, yaml_cases, cli_cases, data_cases, checkpoint_cases, signal_cases, resume_cases,
-                 divergence_cases, disk_full_cases, dead_rank_cases):
+    for make in (config_cases, yaml_cases, cli_cases, special_file_cases, surprise_cases, data_cases, checkpoint_cases,
+                 signal_cases, terminal_cases, clock_cases, resume_cases, divergence_cases, disk_full_cases,
+                 dead_rank_cases):
         cases += make(bindir, out_root)
     wanted = [w for w in args.only.split(",") if w] or [""]
     cases = [c for c in cases if any(w in c.name for w in wanted)]
@@ -667,10 +987,10 @@ def main():
 
     count = lambda v: sum(r.verdict == v for r in results)  # noqa: E731
     print(f"\nsweep: {time.monotonic() - started:.0f} s")
-    print("| cases tried | crashes | hangs | data lost | unclear messages | skipped | sweep errors |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| cases tried | crashes | hangs | data lost | silent wrong | unclear messages | skipped | sweep errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     tried = len(results) - count("skipped")
-    print(f"| {tried} | {count('crash')} | {count('hang')} | {count('lost')} | {count('unclear')} | {count('skipped')} | {count('sweep error')} |")
+    print(f"| {tried} | {count('crash')} | {count('hang')} | {count('lost')} | {count('wrong')} | {count('unclear')} | {count('skipped')} | {count('sweep error')} |")
     by_category = {}
     for r in results:
         by_category.setdefault(r.case.category, []).append(r)
