@@ -107,7 +107,7 @@ class RubricTest:
 
     @property
     def todos(self):
-        """The TODOs whose student code this test runs (its own first): the grader's AMPLAB_STUDENT_TODOS."""
+        """The TODOs whose student code this test runs (its own first): the variant scripts/grade builds it from."""
         return [self.todo] + [t for t in self.also_needs if t != self.todo]
 
 

@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""The grader against submissions that cheat: each case is a submission (the untouched starter or
+the reference, with a cheat attached), graded by scripts/grade as Gradescope would (as root, on
+the lab's TODO named below), and the score it must get: what the same submission earns without
+the cheat. Every case also checks that no line of solution/ or tests/hidden/ appears in
+results.json or the grader's output, that no process of the student's user is left, that the
+checkout is unchanged, and that no test's log is over 1 MB.
+
+    tests/grading/adversarial.py                 # every case (about 5 minutes on 2 cores)
+    tests/grading/adversarial.py --only flood    # the cases whose name contains 'flood'
+    tests/grading/adversarial.py --list
+
+Needs root (the grader isolates student code only then) and an instructor checkout (solution/);
+exits 77 (ctest: skipped) without them. ctest: grading_adversarial.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import amplab_rubric as rubric  # noqa: E402
+
+LAB = "amp_training"
+FILE = "grad_scaler.cpp"
+HOLE = '  AMPLAB_TODO("amp_training-1");\n'
+SCALE_BODY = """  if (!enabled_) return loss;
+  if (!scale_.defined()) {
+    scale_ = torch::full({}, init_scale_, torch::dtype(torch::kFloat32).device(loss.device()));
+    growth_tracker_ = torch::full({}, init_growth_tracker_, torch::dtype(torch::kInt32).device(loss.device()));
+  }
+  return loss * scale_;
+"""
+INCLUDES = "#include <fcntl.h>\n#include <signal.h>\n#include <sys/socket.h>\n#include <netinet/in.h>\n" \
+           "#include <arpa/inet.h>\n#include <unistd.h>\n#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n" \
+           "#include <filesystem>\n#include <fstream>\n#include <iostream>\n#include <sstream>\n#include <string>\n"
+
+# Cheats, as C++ put in the hole's body (BODY) or at the end of the file (GLOBAL).
+ENV_SWITCH = """
+namespace { struct FlipTheSwitch { FlipTheSwitch() { setenv("AMPLAB_STUDENT_TODOS", "none", 1); } } flip_the_switch; }
+"""
+FORGE_REPORT = r"""
+namespace {
+struct Forge {
+  Forge() {
+    std::ifstream in("/proc/self/cmdline");
+    std::stringstream all_args;
+    all_args << in.rdbuf();
+    std::string all = all_args.str(), filter, report;
+    for (size_t pos = 0; pos < all.size();) {
+      std::string arg = all.c_str() + pos;
+      pos += arg.size() + 1;
+      if (arg.rfind("--gtest_output=json:", 0) == 0) report = arg.substr(20);
+      if (arg.rfind("--gtest_filter=", 0) == 0) filter = arg.substr(15);
+    }
+    const std::string suite = filter.substr(0, filter.find('.')), name = filter.substr(filter.find('.') + 1);
+    if (!report.empty()) {
+      std::ofstream out(report);
+      out << "{\"testsuites\":[{\"name\":\"" << suite << "\",\"testsuite\":[{\"name\":\"" << name
+          << "\",\"status\":\"RUN\",\"result\":\"COMPLETED\"}]}]}";
+    }
+    const std::string lines = "x main 1\nx start " + filter + "\nx end passed -\n";
+    for (int fd = 3; fd < 1024; ++fd) (void)!write(fd, lines.data(), lines.size());
+    std::printf("[       OK ] %s (1 ms)\n[  PASSED  ] 1 test.\n", filter.c_str());
+    std::fflush(stdout);
+    _Exit(0);
+  }
+} forge;
+}
+"""
+LEAK = r"""
+namespace {
+struct Leak {
+  Leak() {
+    const char* root = std::getenv("AMPLAB_SOURCE_DIR");
+    const std::string base = root ? root : ".";
+    for (const char* dir : {"/solution", "/tests/hidden", "/build/student", "/build", "/.git", "/../results"}) {
+      try {
+        for (const auto& entry : std::filesystem::recursive_directory_iterator(base + dir)) {
+          if (!entry.is_regular_file()) continue;
+          std::ifstream in(entry.path());
+          std::cout << "LEAK " << entry.path() << "\n" << in.rdbuf() << "\n";
+        }
+      } catch (const std::exception& e) {
+        std::cout << "cannot read " << dir << ": " << e.what() << "\n";
+      }
+    }
+  }
+} leak;
+}
+"""
+DAEMON = r"""
+  if (fork() == 0) {
+    setsid();
+    if (fork() == 0) {
+      sleep(4);
+      const char* root = std::getenv("AMPLAB_SOURCE_DIR");
+      const std::string base = root ? root : ".";
+      for (const std::string path : {base + "/../results/results.json", std::string("/autograder/results/results.json"),
+                                     base + "/../run_autograder", base + "/scripts/grade"}) {
+        std::ofstream out(path);
+        out << "{\"score\": 1000}\n";
+      }
+      _exit(0);
+    }
+    _exit(0);
+  }
+  return loss;
+"""
+FLOOD = r"""
+  std::string block(1 << 20, 'y');
+  for (int i = 0; i < 300; ++i) std::fwrite(block.data(), 1, block.size(), stdout);
+  return loss;
+"""
+FORK_BOMB = r"""
+  for (int i = 0; i < 100000; ++i) {
+    pid_t child = fork();
+    if (child < 0) break;
+    if (child == 0) for (;;) pause();
+  }
+  return loss;
+"""
+NETWORK = r"""
+  int sock = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(PORT);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (connect(sock, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) (void)!write(sock, "LEAK", 4);
+  close(sock);
+  return loss;
+"""
+WRITE_OUTSIDE = r"""
+  const char* root = std::getenv("AMPLAB_SOURCE_DIR");
+  const std::string base = root ? root : ".";
+  for (const std::string path : {base + "/scripts/grade", base + "/tests/labs/amp_training_test.cpp",
+                                 base + "/labs/amp_training/rubric.yaml", base + "/pwned.txt",
+                                 std::string("/tmp/amplab-adversarial-left-behind")}) {
+    std::ofstream out(path, std::ios::app);
+    out << "pwned\n";
+  }
+  return loss;
+"""
+
+
+def starter_text():
+    return (ROOT / "starter" / LAB / FILE).read_text()
+
+
+def solution_text():
+    return (ROOT / "solution" / LAB / FILE).read_text()
+
+
+def with_body(body, includes=True):
+    text = starter_text().replace(HOLE, body)
+    return (INCLUDES if includes else "") + text
+
+
+# The cheats in a TODO's body end with `return loss;`: without the cheat that earns the points of
+# the one test it passes honestly (a disabled scaler passes the loss through).
+PASS_THROUGH = ("only", ["AmpTraining1_Scale.DisabledIsAPassThrough"])
+
+CASES = {
+    # name: (the submission's grad_scaler.cpp, what it earns without the cheat: "zero" | "full" |
+    #        ("full-minus", tests) | ("only", tests), what it tries)
+    "env switch on the untouched starter": (starter_text() + INCLUDES + ENV_SWITCH, "zero",
+                                            "a static initializer asks for the reference in every hole"),
+    "include the solution": ('#include "../../solution/amp_training/grad_scaler.cpp"\n', "zero",
+                             "the whole file is the reference, by #include"),
+    "incbin the solution": (starter_text() + 'asm(".incbin \\"/work/main/solution/amp_training/grad_scaler.cpp\\"");\n',
+                            "zero", "the assembler reads the reference into the binary"),
+    "forged report": (starter_text() + INCLUDES + FORGE_REPORT, "zero",
+                      "a static initializer writes a passing gtest report and verdict lines, then exits 0"),
+    "leak the answers": (starter_text() + INCLUDES + LEAK, "zero",
+                         "a static initializer prints solution/, tests/hidden/, the builds and git"),
+    "detached rewriter": (with_body(DAEMON), PASS_THROUGH,
+                          "a detached process rewrites results.json, run_autograder and the grader later"),
+    "flood the output": (with_body(FLOOD), PASS_THROUGH, "a TODO prints 300 MB"),
+    "fork bomb": (with_body(FORK_BOMB), PASS_THROUGH, "a TODO forks until it cannot"),
+    "network": (with_body(NETWORK), PASS_THROUGH, "a TODO connects to a server on the machine's loopback"),
+    "write outside": (with_body(WRITE_OUTSIDE), PASS_THROUGH, "a TODO writes into the checkout, the grader and /tmp"),
+    "marker left after the code": (starter_text().replace(HOLE, SCALE_BODY + HOLE), "full",
+                                   "honest code with its AMPLAB_TODO line left below the return"),
+    "honest code with cheats attached": (solution_text() + INCLUDES + ENV_SWITCH + LEAK, "full",
+                                         "the reference's code (a correct submission) plus the switch and the leak"),
+    "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
+                                                             "  return loss * init_scale_;\n"),
+                                     ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+                                     "a plausible bug: it loses its own test's points, no others"),
+}
+
+
+def secret_lines():
+    """Lines of solution/ fences and hidden tests long enough to be telling."""
+    lines = set()
+    for path in list((ROOT / "solution").glob("*/*.c*")) + list((ROOT / "tests" / "hidden").glob("*.cpp")):
+        inside = path.parent.name == "hidden"
+        for line in path.read_text(errors="replace").splitlines():
+            if "BEGIN SOLUTION" in line:
+                inside = True
+            elif "END SOLUTION" in line:
+                inside = path.parent.name == "hidden"
+            elif inside and len(line.strip()) >= 30 and not line.strip().startswith("//"):
+                lines.add(line.strip())
+    return lines
+
+
+# What the cheats try to change in the checkout (the grader, the tests and rubric it reads).
+TARGETS = ["scripts/grade", "scripts/amplab_sandbox.py", "tests/labs/amp_training_test.cpp", "labs/amp_training/rubric.yaml"]
+
+
+def fingerprint():
+    """Hashes of the files the cheats aim at, and any file they would create in the checkout."""
+    digest = {rel: hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() for rel in TARGETS}
+    created = sorted(p.name for p in ROOT.iterdir() if p.name.startswith("pwned"))
+    return digest, created
+
+
+def student_processes():
+    try:
+        uid = pwd.getpwnam("amplab-student").pw_uid
+    except KeyError:
+        return []
+    return [p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid]
+
+
+def expected_score(kind, tests):
+    if kind == "zero":
+        return 0
+    full = sum(t.points for t in tests if t.gpus == 0)
+    if kind == "full":
+        return full
+    if kind[0] == "only":
+        return sum(t.points for t in tests if t.test in kind[1])
+    return full - sum(t.points for t in tests if t.test in kind[1])
+
+
+class Listener:
+    """A TCP server on the machine's loopback that records whether anything reached it."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.reached = False
+        self.stop = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while not self.stop:
+            try:
+                connection, _ = self.sock.accept()
+                self.reached = True
+                connection.close()
+            except OSError:
+                pass
+
+
+def run_case(name, source, kind, tests, secrets, work, listener):
+    submission = work / "submission" / "starter" / LAB
+    submission.mkdir(parents=True)
+    (submission / FILE).write_text(source.replace("PORT", str(listener.port)))
+    out = work / "out"
+    before = fingerprint()
+    started = time.monotonic()
+    grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(work / "submission"), "--lab", LAB,
+                            "--todo", "amp_training-1", "--out", str(out), "--gpus", "0"],
+                           capture_output=True, text=True, timeout=1800)
+    seconds = time.monotonic() - started
+    problems = []
+    results_path = out / "results.json"
+    if not results_path.is_file():
+        return [f"no results.json (grade exit {grade.returncode}): {grade.stderr[-500:]}"], seconds
+    results = json.loads(results_path.read_text())
+    want = expected_score(kind, tests)
+    if abs(results["score"] - want) > 1e-9:
+        problems.append(f"score {results['score']:g}, expected {want:g}")
+    shown = results_path.read_text() + grade.stdout + grade.stderr
+    leaked = [line for line in secrets if line in shown]
+    if leaked:
+        problems.append(f"{len(leaked)} line(s) of solution/ or tests/hidden/ reached the output, e.g. {leaked[0][:60]!r}")
+    if "LEAK " in shown:
+        problems.append("a file the student's code read reached the output")
+    left = student_processes()
+    if left:
+        problems.append(f"{len(left)} process(es) of the student's user outlived grading")
+    after = fingerprint()
+    if after != before:
+        changed = [k for k in after[0] if before[0].get(k) != after[0][k]] + after[1]
+        problems.append(f"the checkout changed: {', '.join(changed[:5])}")
+    if os.path.exists("/tmp/amplab-adversarial-left-behind"):
+        problems.append("a file the student's code wrote to /tmp outlived its test")
+        os.unlink("/tmp/amplab-adversarial-left-behind")
+    if listener.reached:
+        problems.append("the student's code reached a server on the machine's loopback")
+    for log in (out / "logs").rglob("*.log"):
+        if log.stat().st_size > 1 << 20:
+            problems.append(f"{log.name} is {log.stat().st_size / 2**20:.1f} MB (at most 1 MB kept per test)")
+    return problems, seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="the cases whose name contains this")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for name, (_, kind, what) in CASES.items():
+            print(f"{name}: {what} (score: {kind if isinstance(kind, str) else 'full minus ' + ', '.join(kind[1])})")
+        return 0
+    if os.geteuid() != 0:
+        print("SKIPPED: the grader isolates student code only when it runs as root (as Gradescope and CI do)")
+        return 77
+    if not (ROOT / "solution").is_dir():
+        print("SKIPPED: an instructor's checkout is needed (solution/)")
+        return 77
+    tests = [t for t in rubric.load_lab_rubric(ROOT, LAB) if t.todo == "amp_training-1"]
+    secrets = secret_lines()
+    failed = 0
+    listener = Listener()
+    chosen = {n: c for n, c in CASES.items() if not args.only or args.only in n}
+    for name, (source, kind, what) in chosen.items():
+        listener.reached = False
+        with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
+            problems, seconds = run_case(name, source, kind, tests, secrets, pathlib.Path(tmp), listener)
+        status = "ok" if not problems else "FAIL"
+        failed += bool(problems)
+        print(f"{status:4}  {name} ({what}; {seconds:.0f} s)" + "".join(f"\n      {p}" for p in problems), flush=True)
+    listener.stop = True
+    print(f"{len(chosen) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
