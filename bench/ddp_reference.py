@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's own DDP on DESIGN.md's MLP (layers x Linear(width, width) + ReLU, bf16 autocast,
+"""PyTorch's own DDP on the DDP lab's MLP (layers x Linear(width, width) + ReLU, bf16 autocast,
 fused SGD, per-GPU batch), the Python side of the DDP lab's benchmark. Launch with torchrun:
     torchrun --standalone --nproc-per-node 2 bench/ddp_reference.py [--steps 20]
 Prints on rank 0 the median ms per step timed one by one (CUDA events around each step, waiting

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a step of DESIGN.md's MLP (4 x Linear(8192, 8192), batch 8192) spends its time on, and
+"""What a step of the AMP lab's MLP (4 x Linear(8192, 8192), batch 8192) spends its time on, and
 which inf check a GradScaler can afford. Prints CUDA-event timings; run on a GPU machine."""
 import torch
 import torch.nn.functional as F

@@ -5,8 +5,8 @@ The network is the one of pytorch/examples' mnist/main.py (two 3x3 convolutions,
 dropout, two linear layers, log_softmax + nll_loss), trained at batch 128 on Fashion-MNIST (the
 same IDX format as MNIST; real MNIST needs scripts/fetch-mnist.sh), with SGD by default or with
 the lab's AdamW and learning-rate schedule (--optimizer adamw --schedule linear --warmup 0.05).
-Each variant of the training loop is one flag, so the rows of DESIGN.md's "Reference numbers"
-table can be reproduced one at a time (bench/run_reference.sh runs them all):
+Each variant of the training loop is one flag, so the rows of the reference table the labs'
+READMEs quote can be reproduced one at a time (bench/run_reference.sh runs them all):
 
   --device cpu|cuda              where the model runs
   --precision fp32|tf32|fp16-mixed|bf16-mixed
@@ -17,7 +17,7 @@ table can be reproduced one at a time (bench/run_reference.sh runs them all):
   --cuda-graph                   the whole step (batch gather, forward, backward, SGD) as
                                  one captured torch.cuda.CUDAGraph: the best plain Python does
   --compile                      torch.compile of the model
-  --optimizer sgd|adamw          torch.optim.SGD (default, the DESIGN.md rows) or AdamW (fused on
+  --optimizer sgd|adamw          torch.optim.SGD (default, the reference rows) or AdamW (fused on
                                  CUDA), with --lr, --momentum (SGD), --beta2 (AdamW), --weight-decay
   --schedule constant|linear     lr per optimizer step as the lab's train.optimizer.schedule:
   --warmup FRACTION              W = floor(FRACTION * N) warm-up steps of N in the run, then
@@ -367,7 +367,7 @@ class Trainer:
         # LambdaLR(factor of step t): it sets lr(0) now and lr(t + 1) at its t-th step(), called
         # after every optimizer step (skipped fp16 steps included, as the lab counts them). With a
         # tensor lr it writes in place (lr_scheduler._update_param_group_val: fill_), so a
-        # captured graph sees each new value. None when lr is constant: the path of DESIGN.md.
+        # captured graph sees each new value. None when lr is constant: the reference rows' path.
         self.total_steps = total_steps
         self.warmup_steps = int(args.warmup * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

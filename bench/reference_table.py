@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-# The figures DESIGN.md's "Reference numbers" table quotes for these runs (seconds per epoch,
+# The reference figures the labs' READMEs quote for these runs (seconds per epoch,
 # one H200), printed beside the measured ones. That table does not say whether an epoch is the
 # first or a warm one, so compare with both columns.
 DESIGN_SECONDS = {
@@ -70,7 +70,7 @@ def main():
     ok = [r for r in runs if r.get("status") == "ok"]
     if ok:
         print(f"torch {ok[0]['env']['torch']}; ms/step and samples/s of the warm epoch (of epoch 1 when there is "
-              f"only one); DESIGN s: the figure DESIGN.md quotes")
+              f"only one); quoted s: the figure the READMEs quote")
 
     summary = directory / "summary.json"
     summary.write_text(json.dumps({"runs": runs}, indent=2) + "\n")

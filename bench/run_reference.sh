@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the Python reference matrix behind DESIGN.md's "Reference numbers" table (the MNIST CNN
+# Runs the Python reference matrix behind the reference numbers the labs' READMEs quote (the MNIST CNN
 # rows): one fresh process per variant, so no run inherits another's caches, warm GPU or
 # compiled code. Writes NN-<name>.json and NN-<name>.log per run into OUT_DIR, then
 # summary.json (all runs in one file) and a table on stdout.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the cuda_kernels lab on a GPU machine. Run it in the project root with the project built
-# in build-gpu/ (see ../shared/device/README.md), e.g. in one device command:
+# in build-gpu/ (README.md, "Build details", says how on a machine without the packages), e.g. in one device command:
 #   bash .device/gpu-build.sh && . .device/env.sh && bash labs/cuda_kernels/gpu-check.sh
 # It prints, and writes to $OUT when set (tests.log, app.log, summary.json, the plots):
 #   1. the graded tests on the solution, GPU tests included, with each speed test's ratio to its

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the ddp lab on a GPU machine with two GPUs (kind nvidia-h200-x2). Run it in the project
-# root with the project built in build-gpu/ (see ../shared/device/README.md), e.g. in one device
+# root with the project built in build-gpu/ (README.md, "Build details"), e.g. in one device
 # command:
 #   bash .device/gpu-build.sh && . .device/env.sh && bash labs/ddp/gpu-check.sh
 # It prints, and writes to $OUT when set (at most 8 files: tests.log, checks.log, bench_1gpu.log,
