@@ -83,8 +83,9 @@ endfunction()
 #  holes   (instructor builds) the solution with each TODO's holes switchable to AMPLAB_TODO at
 #          run time, so that scripts/check-rubric-holes.py can check, one TODO at a time and from
 #          one build, that emptying a hole fails exactly the tests the rubric maps to it;
-#  student (AMPLAB_GRADING) the student's starter/<lab>/*.{cpp,cu} that scripts/grade copies into
-#          <build>/student/<lab>/, linked with this checkout's tests, apps and core.
+#  student (AMPLAB_GRADING) one variant per set of TODOs graded together, student_v<n>[_<n>...],
+#          from the files scripts/grade writes into <build>/student/<lab>/v.../ (see
+#          amplab_add_grading_variants below), linked with this checkout's tests, apps and core.
 set(AMPLAB_EXTRA_VARIANTS "")
 if(AMPLAB_VARIANT STREQUAL "both" AND AMPLAB_HOLE_CHECK AND AMPLAB_BUILD_TESTS)
   list(APPEND AMPLAB_EXTRA_VARIANTS holes)

@@ -9,6 +9,8 @@ checkout is unchanged, and that no test's log is over 1 MB.
     tests/grading/adversarial.py                 # every case (about 5 minutes on 2 cores)
     tests/grading/adversarial.py --only flood    # the cases whose name contains 'flood'
     tests/grading/adversarial.py --list
+    tests/grading/adversarial.py --autograder /tmp/ag   # through Gradescope's zip, set up in /tmp/ag
+                                                        # (scripts/make-autograder's docstring)
 
 Needs root (the grader isolates student code only then) and an instructor checkout (solution/);
 exits 77 (ctest: skipped) without them. ctest: grading_adversarial.
@@ -218,13 +220,15 @@ def secret_lines():
 
 
 # What the cheats try to change in the checkout (the grader, the tests and rubric it reads).
+CHECKOUT = ROOT
 TARGETS = ["scripts/grade", "scripts/amplab_sandbox.py", "tests/labs/amp_training_test.cpp", "labs/amp_training/rubric.yaml"]
 
 
 def fingerprint():
-    """Hashes of the files the cheats aim at, and any file they would create in the checkout."""
-    digest = {rel: hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() for rel in TARGETS}
-    created = sorted(p.name for p in ROOT.iterdir() if p.name.startswith("pwned"))
+    """Hashes of the files the cheats aim at, and any file they would create in the checkout graded
+    with (this one, or the autograder's)."""
+    digest = {rel: hashlib.sha256((CHECKOUT / rel).read_bytes()).hexdigest() for rel in TARGETS}
+    created = sorted(p.name for p in CHECKOUT.iterdir() if p.name.startswith("pwned"))
     return digest, created
 
 
@@ -271,22 +275,36 @@ class Listener:
                 pass
 
 
-def run_case(name, source, kind, tests, secrets, work, listener):
-    submission = work / "submission" / "starter" / LAB
-    submission.mkdir(parents=True)
-    (submission / FILE).write_text(source.replace("PORT", str(listener.port)))
-    out = work / "out"
+def run_case(name, source, kind, tests, secrets, work, listener, autograder=None):
+    """Grades one case: with this checkout's scripts/grade (TODO 1 only), or as Gradescope runs its
+    zip (`autograder`: the folder standing in for /autograder, every test of the lab)."""
+    root = autograder if autograder else work
+    submission = root / "submission"
+    if submission.exists():
+        shutil.rmtree(submission)
+    (submission / "starter" / LAB).mkdir(parents=True)
+    (submission / "starter" / LAB / FILE).write_text(source.replace("PORT", str(listener.port)))
     before = fingerprint()
     started = time.monotonic()
-    grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(work / "submission"), "--lab", LAB,
-                            "--todo", "amp_training-1", "--out", str(out), "--gpus", "0"],
-                           capture_output=True, text=True, timeout=1800)
+    if autograder:
+        out = autograder / "results"
+        shutil.rmtree(out, ignore_errors=True)
+        env = {"PATH": os.environ["PATH"], "AUTOGRADER_ROOT": str(autograder), "HOME": "/root", "LANG": "C.UTF-8"}
+        grade = subprocess.run(["bash", str(autograder / "source" / "run_autograder")], capture_output=True, text=True,
+                               timeout=3600, env=env, stdin=subprocess.DEVNULL)
+    else:
+        out = work / "out"
+        grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(submission), "--lab", LAB,
+                                "--todo", "amp_training-1", "--out", str(out), "--gpus", "0"],
+                               capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
     problems = []
     results_path = out / "results.json"
     if not results_path.is_file():
         return [f"no results.json (grade exit {grade.returncode}): {grade.stderr[-500:]}"], seconds
     results = json.loads(results_path.read_text())
+    if autograder:  # every test of the lab: TODO 1's share must be what the case earns, the rest 0 or full
+        results["score"] = sum(t["score"] for t in results["tests"] if "amp_training-1" in t.get("tags", []))
     want = expected_score(kind, tests)
     if abs(results["score"] - want) > 1e-9:
         problems.append(f"score {results['score']:g}, expected {want:g}")
@@ -318,6 +336,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="the cases whose name contains this")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--autograder", metavar="DIR", help="grade through Gradescope's zip set up in DIR (DIR/source "
+                        "holds setup.sh and run_autograder, run as Gradescope runs them)")
     args = parser.parse_args()
     if args.list:
         for name, (_, kind, what) in CASES.items():
@@ -329,6 +349,9 @@ def main() -> int:
     if not (ROOT / "solution").is_dir():
         print("SKIPPED: an instructor's checkout is needed (solution/)")
         return 77
+    global CHECKOUT
+    if args.autograder:
+        CHECKOUT = pathlib.Path(args.autograder).resolve() / "source" / "amplab"
     tests = [t for t in rubric.load_lab_rubric(ROOT, LAB) if t.todo == "amp_training-1"]
     secrets = secret_lines()
     failed = 0
@@ -337,7 +360,8 @@ def main() -> int:
     for name, (source, kind, what) in chosen.items():
         listener.reached = False
         with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
-            problems, seconds = run_case(name, source, kind, tests, secrets, pathlib.Path(tmp), listener)
+            problems, seconds = run_case(name, source, kind, tests, secrets, pathlib.Path(tmp), listener,
+                                         pathlib.Path(args.autograder).resolve() if args.autograder else None)
         status = "ok" if not problems else "FAIL"
         failed += bool(problems)
         print(f"{status:4}  {name} ({what}; {seconds:.0f} s)" + "".join(f"\n      {p}" for p in problems), flush=True)
