@@ -1,0 +1,119 @@
+// Lab 7: the given GPT (a character-level model of nanoGPT's Shakespeare-char size by default)
+// and its data. Its attention calls your causal_attention / safe_attention (or torch's SDPA), and
+// its linear layers can run on your fp8_linear with dynamic or delayed scaling
+// (transformer_fp8.hpp). Code: solution/transformer_fp8/gpt.cpp (given, no TODOs).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transformer_fp8.hpp"
+
+namespace transformer_fp8 {
+
+enum class AttentionKind { math, safe, sdpa };  // your TODO 1, your TODO 2, torch's fused SDPA
+enum class LinearKind { plain, fp8 };           // torch's linear (autocast decides its dtype), your TODO 4
+enum class Fp8Scaling { dynamic, delayed };     // scales from this step's amax, or from the history (TODO 5)
+
+AttentionKind attention_kind(const std::string& name);  // "math" | "safe" | "sdpa", else an amplab::Error
+LinearKind linear_kind(const std::string& name);        // "plain" | "fp8"
+Fp8Scaling fp8_scaling(const std::string& name);        // "dynamic" | "delayed"
+
+struct GptOptions {
+  int64_t vocab_size = 65;
+  int64_t block_size = 256;  // context length T
+  int64_t n_layer = 6;
+  int64_t n_head = 6;
+  int64_t n_embd = 384;      // width C; each head is C / n_head wide
+  double dropout = 0.2;
+  AttentionKind attention = AttentionKind::sdpa;
+  LinearKind linear = LinearKind::plain;
+  Fp8Scaling scaling = Fp8Scaling::dynamic;
+  int64_t amax_history = 16;  // steps of amax kept for delayed scaling
+};
+
+// A bias-free linear layer (out, in) that runs either as torch's linear or as your FP8 linear.
+// FP8: under autocast the input is first cast to autocast's dtype (as autocast does for a
+// linear), so the output comes back in bf16; the weight stays the fp32 master copy.
+class Float8LinearImpl : public torch::nn::Module {
+ public:
+  Float8LinearImpl(int64_t in, int64_t out, LinearKind kind, Fp8Scaling scaling, int64_t history);
+  torch::Tensor forward(const torch::Tensor& x);  // (..., in) -> (..., out)
+  torch::Tensor weight;
+
+ private:
+  LinearKind kind_;
+  Fp8Scaling scaling_;
+  AmaxHistory x_history_, w_history_;
+};
+TORCH_MODULE(Float8Linear);
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptOptions& o);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  Float8Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+  AttentionKind attention_;
+  torch::nn::Dropout resid_dropout_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptOptions& o);
+  torch::Tensor forward(torch::Tensor x);  // pre-LayerNorm: x + attn(ln1(x)), then x + mlp(ln2(x))
+  CausalSelfAttention attn{nullptr};
+  Float8Linear fc{nullptr}, fc_proj{nullptr};  // the MLP: C -> 4C, GELU, 4C -> C
+
+ private:
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Dropout mlp_dropout_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  explicit GptImpl(const GptOptions& o);
+  torch::Tensor forward(const torch::Tensor& idx);  // (B, T) int64 tokens -> (B, T, vocab) logits
+  // Mean cross-entropy of next-token prediction, in float32.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  const GptOptions& options() const { return options_; }
+  int64_t parameter_count() const;  // without the position embeddings, as nanoGPT reports it
+
+ private:
+  GptOptions options_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};  // token (also the head's weight: tied), position
+  torch::nn::Dropout drop_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// Continues `prompt` (1, T0) by `tokens` sampled tokens (temperature, top-k), in eval mode.
+torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t tokens, double temperature, int64_t top_k);
+
+// A text as characters: the vocabulary is the sorted set of characters of the whole text.
+struct CharData {
+  std::string vocab;  // character of each token id
+  torch::Tensor train, val;  // 1-D int64 token ids (CPU)
+
+  // The text of `path`/train.txt and val.txt (or, for a file path, that file split 90/10).
+  // Missing files: an amplab::Error naming scripts/fetch-shakespeare.py.
+  static CharData load(const std::string& path);
+  static CharData from_text(const std::string& text, double train_share = 0.9);
+  torch::Tensor encode(const std::string& text) const;  // 1-D int64
+  std::string decode(const torch::Tensor& ids) const;
+  // `batch` random windows of `block` tokens from `split`, inputs and targets (shifted by one),
+  // both (batch, block) int64 on `device`.
+  std::pair<torch::Tensor, torch::Tensor> batch(const torch::Tensor& split, int64_t batch, int64_t block,
+                                                torch::Device device) const;
+};
+
+}  // namespace transformer_fp8

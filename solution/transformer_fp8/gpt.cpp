@@ -1,0 +1,240 @@
+// Lab 7: the given GPT and its character data (no TODOs here; yours are in transformer_fp8.cpp).
+// The model is nanoGPT's (token + position embeddings, pre-LayerNorm blocks of causal
+// self-attention and a 4x GELU MLP, a final LayerNorm, the head tied to the token embedding),
+// with bias-free linear layers, initialised as nanoGPT does: N(0, 0.02), the projections back into
+// the residual stream N(0, 0.02 / sqrt(2 * n_layer)).
+#include "gpt.hpp"
+
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+
+#include "amplab/env.hpp"
+#include "amplab/error.hpp"
+#include "amplab/files.hpp"
+
+namespace transformer_fp8 {
+
+AttentionKind attention_kind(const std::string& name) {
+  if (name == "math") return AttentionKind::math;
+  if (name == "safe") return AttentionKind::safe;
+  if (name == "sdpa") return AttentionKind::sdpa;
+  throw amplab::Error("attention '" + name + "' is not allowed; use one of: math, safe, sdpa");
+}
+
+LinearKind linear_kind(const std::string& name) {
+  if (name == "plain") return LinearKind::plain;
+  if (name == "fp8") return LinearKind::fp8;
+  throw amplab::Error("linear '" + name + "' is not allowed; use one of: plain, fp8");
+}
+
+Fp8Scaling fp8_scaling(const std::string& name) {
+  if (name == "dynamic") return Fp8Scaling::dynamic;
+  if (name == "delayed") return Fp8Scaling::delayed;
+  throw amplab::Error("fp8 scaling '" + name + "' is not allowed; use one of: dynamic, delayed");
+}
+
+// ---- Layers -------------------------------------------------------------------------------------
+
+Float8LinearImpl::Float8LinearImpl(int64_t in, int64_t out, LinearKind kind, Fp8Scaling scaling, int64_t history)
+    : kind_(kind),
+      scaling_(scaling),
+      x_history_(history, Fp8Format::e4m3),
+      w_history_(history, Fp8Format::e4m3) {
+  weight = register_parameter("weight", torch::randn({out, in}) * 0.02);
+}
+
+torch::Tensor Float8LinearImpl::forward(const torch::Tensor& x) {
+  if (kind_ == LinearKind::plain) return torch::nn::functional::linear(x, weight);
+  torch::Tensor flat = x.reshape({-1, x.size(-1)});  // (N, in)
+  const auto device_type = flat.device().type();
+  if (at::autocast::is_autocast_enabled(device_type))
+    flat = flat.to(at::autocast::get_autocast_dtype(device_type));
+  torch::Tensor x_scale, w_scale;
+  {
+    torch::NoGradGuard no_grad;  // scales are constants to autograd
+    torch::Tensor x_amax = abs_max(flat), w_amax = abs_max(weight);
+    if (scaling_ == Fp8Scaling::dynamic) {
+      x_scale = scale_from_amax(x_amax, Fp8Format::e4m3);
+      w_scale = scale_from_amax(w_amax, Fp8Format::e4m3);
+    } else {  // delayed: this step's scale from the past steps' amaxes, then this one joins them
+      x_scale = x_history_.scale();
+      w_scale = w_history_.scale();
+      x_history_.record(x_amax);
+      w_history_.record(w_amax);
+    }
+  }
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  return fp8_linear(flat, weight, x_scale, w_scale).view(shape);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o)
+    : n_head_(o.n_head), dropout_(o.dropout), attention_(o.attention) {
+  qkv = register_module("qkv", Float8Linear(o.n_embd, 3 * o.n_embd, o.linear, o.scaling, o.amax_history));
+  proj = register_module("proj", Float8Linear(o.n_embd, o.n_embd, o.linear, o.scaling, o.amax_history));
+  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(o.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };  // (B, H, T, D)
+  auto parts = qkv(x).split(C, /*dim=*/2);
+  torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  const double p = is_training() ? dropout_ : 0.0;
+  torch::Tensor y;
+  if (attention_ == AttentionKind::math) {
+    y = causal_attention(q, k, v, p, is_training());
+  } else if (attention_ == AttentionKind::safe) {
+    torch::Tensor causal = torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).tril();
+    y = safe_attention(q, k, v, causal, p, is_training());
+  } else {
+    y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+  }
+  return resid_dropout_(proj(y.transpose(1, 2).contiguous().view({B, T, C})));
+}
+
+BlockImpl::BlockImpl(const GptOptions& o) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(o));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  fc = register_module("fc", Float8Linear(o.n_embd, 4 * o.n_embd, o.linear, o.scaling, o.amax_history));
+  fc_proj = register_module("fc_proj", Float8Linear(4 * o.n_embd, o.n_embd, o.linear, o.scaling, o.amax_history));
+  mlp_dropout_ = register_module("mlp_dropout", torch::nn::Dropout(o.dropout));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln1_(x));
+  return x + mlp_dropout_(fc_proj(torch::gelu(fc(ln2_(x)))));
+}
+
+// ---- The model ----------------------------------------------------------------------------------
+
+GptImpl::GptImpl(const GptOptions& o) : options_(o) {
+  if (o.n_embd % o.n_head != 0)
+    throw amplab::Error("gpt: n_embd " + std::to_string(o.n_embd) + " is not a multiple of n_head " + std::to_string(o.n_head));
+  wte_ = register_module("wte", torch::nn::Embedding(o.vocab_size, o.n_embd));
+  wpe_ = register_module("wpe", torch::nn::Embedding(o.block_size, o.n_embd));
+  drop_ = register_module("drop", torch::nn::Dropout(o.dropout));
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    std::string name = "h";
+    name += std::to_string(i);
+    blocks_.push_back(register_module(name, Block(o)));
+  }
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  torch::NoGradGuard no_grad;
+  wte_->weight.normal_(0.0, 0.02);
+  wpe_->weight.normal_(0.0, 0.02);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
+  for (auto& block : blocks_) {
+    block->attn->proj->weight.normal_(0.0, residual_std);
+    block->fc_proj->weight.normal_(0.0, residual_std);
+  }
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  if (T > options_.block_size)
+    throw amplab::Error("gpt: a sequence of " + std::to_string(T) + " tokens is longer than block_size " +
+                        std::to_string(options_.block_size));
+  torch::Tensor positions = torch::arange(T, torch::dtype(torch::kInt64).device(idx.device()));
+  torch::Tensor x = drop_(wte_(idx) + wpe_(positions));  // (B, T, C)
+  for (auto& block : blocks_) x = block(x);
+  return torch::nn::functional::linear(ln_f_(x), wte_->weight);  // (B, T, vocab): the tied head
+}
+
+torch::Tensor GptImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  torch::Tensor logits = forward(idx);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
+}
+
+int64_t GptImpl::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n - wpe_->weight.numel();
+}
+
+torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t tokens, double temperature, int64_t top_k) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::Tensor idx = prompt;
+  const int64_t block = model->options().block_size;
+  for (int64_t i = 0; i < tokens; ++i) {
+    torch::Tensor context = idx.size(1) <= block ? idx : idx.slice(1, idx.size(1) - block);
+    torch::Tensor logits = model(context).select(1, -1).to(torch::kFloat32) / temperature;  // (1, vocab)
+    if (top_k > 0 && top_k < logits.size(-1)) {
+      torch::Tensor kth = std::get<0>(logits.topk(top_k)).select(-1, -1).unsqueeze(-1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+    }
+    idx = torch::cat({idx, torch::multinomial(torch::softmax(logits, -1), 1)}, 1);
+  }
+  model->train(was_training);
+  return idx;
+}
+
+// ---- Data ---------------------------------------------------------------------------------------
+
+CharData CharData::from_text(const std::string& text, double train_share) {
+  CharData data;
+  std::set<char> chars(text.begin(), text.end());
+  data.vocab.assign(chars.begin(), chars.end());
+  torch::Tensor ids = data.encode(text);
+  const auto cut = static_cast<int64_t>(static_cast<double>(ids.numel()) * train_share);
+  data.train = ids.slice(0, 0, cut);
+  data.val = ids.slice(0, cut);
+  return data;
+}
+
+CharData CharData::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path dir = path;
+  if (!fs::exists(dir) && dir.is_relative() && fs::exists(fs::path(amplab::source_dir()) / dir))
+    dir = fs::path(amplab::source_dir()) / dir;
+  if (fs::is_regular_file(dir)) return from_text(amplab::read_file(dir.string()));
+  if (!fs::exists(dir / "train.txt") || !fs::exists(dir / "val.txt"))
+    throw amplab::Error("no Shakespeare text in " + path +
+                        " (train.txt, val.txt): run '.venv/bin/python scripts/fetch-shakespeare.py' first, or set data.dir");
+  std::string train = amplab::read_file((dir / "train.txt").string()), val = amplab::read_file((dir / "val.txt").string());
+  CharData data = from_text(train + val);  // the vocabulary of the whole text
+  data.train = data.encode(train);
+  data.val = data.encode(val);
+  return data;
+}
+
+torch::Tensor CharData::encode(const std::string& text) const {
+  std::vector<int64_t> ids;
+  ids.reserve(text.size());
+  for (char c : text) {
+    auto at = std::lower_bound(vocab.begin(), vocab.end(), c);
+    if (at == vocab.end() || *at != c) throw amplab::Error("a character outside the vocabulary: code " + std::to_string(int(c)));
+    ids.push_back(at - vocab.begin());
+  }
+  return torch::tensor(ids, torch::kInt64);
+}
+
+std::string CharData::decode(const torch::Tensor& ids) const {
+  torch::Tensor flat = ids.to(torch::kCPU, torch::kInt64).reshape({-1}).contiguous();
+  std::string out;
+  const int64_t* id = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(vocab.at(static_cast<size_t>(id[i])));
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> CharData::batch(const torch::Tensor& split, int64_t batch, int64_t block,
+                                                        torch::Device device) const {
+  if (split.numel() <= block + 1)
+    throw amplab::Error("the text has " + std::to_string(split.numel()) + " tokens, too few for block_size " +
+                        std::to_string(block));
+  torch::Tensor starts = torch::randint(split.numel() - block - 1, {batch, 1}, torch::kInt64);  // (B, 1)
+  torch::Tensor index = starts + torch::arange(block + 1, torch::kInt64);                    // (B, T + 1)
+  torch::Tensor windows = split.index({index}).to(device);
+  return {windows.slice(1, 0, block), windows.slice(1, 1)};
+}
+
+}  // namespace transformer_fp8

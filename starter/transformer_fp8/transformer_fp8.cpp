@@ -1,0 +1,145 @@
+// Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
+// fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
+// Lab 7, transformers in low precision and FP8: attention, FP8 scaling, an FP8 linear layer and
+// delayed scaling. Each TODO is one function (or the two halves of the FP8 autograd function);
+// see labs/transformer_fp8/README.md for the theory.
+#include "transformer_fp8.hpp"
+
+#include <ATen/ops/_scaled_mm.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "amplab/error.hpp"
+
+namespace transformer_fp8 {
+
+// TODO(transformer_fp8-1): scores = q k^T / sqrt(D), shape (B, H, T, T); positions above the
+// diagonal (key after query) masked out so that softmax gives them weight 0; softmax over the
+// keys; torch::dropout on those weights when training (the same call, on the same tensor, as
+// PyTorch's math path: then one seed gives both the same dropout mask); then the weighted sum
+// of v. Pitfalls: the mask must be causal (lower triangle kept), not its transpose; the softmax
+// runs over the last dimension (keys), not over the queries; dropout's surviving weights are
+// scaled by 1/(1-p) (torch::dropout does it), and nothing is dropped in eval.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout_p,
+                               bool training) {
+  AMPLAB_TODO("transformer_fp8-1");
+}
+
+// TODO(transformer_fp8-2): the attention of TODO 1 made safe for fp16, where two things break:
+//  1. the raw scores: with |q||k| beyond 65504 (fp16's largest value) q k^T overflows to inf
+//     although the scores divided by sqrt(D) would fit. Scale before the matmul (q and k each
+//     by D^-1/4, as PyTorch's math path does, or q by D^-1/2), or compute the scores in fp32.
+//  2. the mask: a row with no allowed key is all -inf, and softmax of it is 0/0 = NaN, which
+//     then spreads through every later layer. Compute the softmax in fp32 (exp of large fp16
+//     differences loses everything), use a finite fill value or mask the weights after, and
+//     give a fully masked row zero weights (its output is zeros).
+// Pitfalls: a finite fill alone gives a fully masked row uniform weights (the mean of v, not
+// zeros); cast the weights back to v's dtype before the last matmul.
+torch::Tensor safe_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& allowed, double dropout_p, bool training) {
+  AMPLAB_TODO("transformer_fp8-2");
+}
+
+// TODO(transformer_fp8-3): abs_max: max |x| as a 0-dim float32 tensor.
+// Pitfall: no .item(): the value stays on the device.
+torch::Tensor abs_max(const torch::Tensor& x) {
+  AMPLAB_TODO("transformer_fp8-3");
+}
+
+// TODO(transformer_fp8-3): fp8_max(format) / max(amax, kAmaxFloor), in float32. The scale maps
+// the tensor's largest magnitude onto the format's largest value: the whole range is used.
+// Pitfall: the inverse (amax / fp8_max) is the *dequantization* factor, not this scale.
+torch::Tensor scale_from_amax(const torch::Tensor& amax, Fp8Format format) {
+  AMPLAB_TODO("transformer_fp8-3");
+}
+
+// TODO(transformer_fp8-3): the saturated cast. Multiply in float32 (a bf16 x times a 0-dim
+// float32 scale stays bf16 by torch's promotion rules, and rounds twice), clamp to
+// [-fp8_max, fp8_max], then cast. Pitfall: a plain .to() of a value beyond the range gives NaN in
+// e4m3 (it has no infinity) and inf in e5m2; the clamp is what makes the cast saturate.
+torch::Tensor to_fp8(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
+  AMPLAB_TODO("transformer_fp8-3");
+}
+
+namespace {
+
+// The FP8 linear layer as an autograd function: forward and backward are yours (TODO 4).
+class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& x_scale, const torch::Tensor& w_scale);
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grad_outputs);
+};
+
+// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (to_fp8), keep
+// the fp8 tensors and scales for backward (ctx->save_for_backward: half the bytes of bf16, which
+// is part of what FP8 saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
+// out_dtype=x's dtype).
+// Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
+// accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
+// operand; sizes multiples of 16 on a GPU; scale_a and scale_b are the *dequantization* factors
+// (0-dim float32: 1 / the cast's scale), which the matmul multiplies its fp32 accumulator by.
+torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                         const torch::Tensor& weight, const torch::Tensor& x_scale,
+                                         const torch::Tensor& w_scale) {
+  AMPLAB_TODO("transformer_fp8-4");
+}
+
+// TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
+// scale (amax -> scale -> to_fp8: gradients need e5m2's range more than e4m3's precision):
+//   dL/dx = g w       (N, out) x (out, in), in x's dtype
+//   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
+// Each on _scaled_mm: the first operand row-major (g^T: transpose, then make it contiguous), the
+// second column-major (the transpose of a contiguous copy of its transpose). Return one gradient
+// per forward input: {dx, dw, undefined, undefined} (the scales get none).
+// Pitfall: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is.
+torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
+                                                         torch::autograd::tensor_list grad_outputs) {
+  AMPLAB_TODO("transformer_fp8-4");
+}
+
+}  // namespace
+
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& x_scale,
+                         const torch::Tensor& w_scale) {
+  if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1))
+    throw amplab::Error("fp8_linear: x must be (N, in) and weight (out, in); got x " + std::to_string(x.dim()) +
+                        "-d and weight " + std::to_string(weight.dim()) + "-d with mismatched sizes");
+  return Fp8LinearFunction::apply(x, weight, x_scale, w_scale);
+}
+
+AmaxHistory::AmaxHistory(int64_t length, Fp8Format format) : length_(length), format_(format) {
+  if (length < 1) throw amplab::Error("AmaxHistory: the length must be >= 1, got " + std::to_string(length));
+  history_ = torch::zeros({length}, torch::kFloat32);
+}
+
+// TODO(transformer_fp8-5): fp8_max / max(history) as a 0-dim float32 tensor, 1 where the
+// history's max is 0 (nothing recorded yet: a scale from kAmaxFloor would multiply by 4e14).
+// Pitfalls: the max of the whole ring, not the latest amax (that is dynamic scaling, one step
+// late); no .item() (a choice on the device: torch::where).
+torch::Tensor AmaxHistory::scale() const {
+  AMPLAB_TODO("transformer_fp8-5");
+}
+
+// TODO(transformer_fp8-5): write `amax` into slot next_ and advance next_ around the ring
+// (after slot length-1 comes slot 0). The first amax seen on another device moves the history
+// there. Pitfall: write into the tensor in place (a device copy, no sync).
+void AmaxHistory::record(const torch::Tensor& amax) {
+  AMPLAB_TODO("transformer_fp8-5");
+}
+
+// TODO(transformer_fp8-5): the state to checkpoint: a copy of the ring and the next slot.
+// Pitfall: without next, a restored history overwrites the wrong (not the oldest) amax.
+AmaxHistory::State AmaxHistory::state() const {
+  AMPLAB_TODO("transformer_fp8-5");
+}
+
+// TODO(transformer_fp8-5): restore a saved state (an amplab::Error when its length differs).
+void AmaxHistory::load_state(const State& state) {
+  AMPLAB_TODO("transformer_fp8-5");
+}
+
+}  // namespace transformer_fp8
