@@ -294,6 +294,24 @@ class Verdicts(unittest.TestCase):
         self.assertIn("during the test", self.run_with(["tok main 1", "tok start A.b"], code=-9).message)
 
 
+class BuildMessages(unittest.TestCase):
+    """A variant that does not compile: nothing of the reference's code is quoted back."""
+
+    def test_lines_about_the_reference_are_replaced(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            log = write(tmp, "build.log", """\
+                $ ninja
+                course-reference/x.cpp: In function 'int f()':
+                course-reference/x.cpp:40:10: error: 'secret_name' was not declared in this scope
+                starter/lab/x.cpp:3:1: error: expected ';'
+                FAILED: x.o
+                """)
+            self.assertIn("another TODO does not compile with your file", grade.first_error(log))
+            shown = grade.hide_reference(log.read_text())
+            self.assertNotIn("secret_name", shown)
+            self.assertIn("starter/lab/x.cpp:3:1: error: expected ';'", shown)
+
+
 class GradescopeFormat(unittest.TestCase):
     """results.json against Gradescope's autograder format (what its upload accepts)."""
 
