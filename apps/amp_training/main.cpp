@@ -22,6 +22,7 @@
 #include "mechanisms.hpp"
 #include "amplab/app.hpp"
 #include "amplab/device.hpp"
+#include "amplab/fits.hpp"
 #include "amplab/log.hpp"
 #include "amplab/memory.hpp"
 #include "amplab/plots.hpp"
@@ -253,6 +254,22 @@ struct Workload {
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(initial[i]);
   }
 };
+
+// The MLP's weights are made on the CPU; on the CPU its step also needs their gradients and the
+// (B, width) input and target. A size that cannot fit is refused before the run starts, naming
+// the keys, rather than by the allocator half-way.
+void require_mlp_memory(const AmpLabConfig& lab, torch::Device device) {
+  if (std::find(lab.models.begin(), lab.models.end(), "mlp") == lab.models.end()) return;
+  const int64_t width = device.is_cuda() ? lab.mlp.width : lab.mlp.cpu_width;
+  const double batch = static_cast<double>(device.is_cuda() ? lab.mlp.batch : lab.mlp.cpu_batch), w = static_cast<double>(width);
+  const double params = static_cast<double>(lab.mlp.layers) * (w * w + w);
+  const double cpu_bytes = 4.0 * (device.is_cuda() ? params : 2.0 * params + 2.0 * batch * w);
+  amplab::require_cpu_memory(static_cast<int64_t>(std::min(cpu_bytes, 9e18)),
+                             "the mlp workload, " + std::to_string(lab.mlp.layers) + " x Linear(" + std::to_string(width) +
+                                 ", " + std::to_string(width) + "),",
+                             device.is_cuda() ? "amp.mlp.width or amp.mlp.layers"
+                                              : "amp.mlp.cpu_width, amp.mlp.layers or amp.mlp.cpu_batch");
+}
 
 Workload make_workload(const std::string& name, const AmpLabConfig& lab, torch::Device device, uint64_t seed) {
   torch::manual_seed(seed);
@@ -585,6 +602,7 @@ int main(int argc, char** argv) {
     amplab::apply_run_settings(config.run);
     torch::Device device = amplab::resolve_device(config.run.device);
     const auto& lab = config.amp;
+    require_mlp_memory(lab, device);
     const auto seed = static_cast<uint64_t>(config.run.seed);
     const bool cpu = !device.is_cuda();
     if (device.is_cuda() && !config.run.deterministic) at::globalContext().setBenchmarkCuDNN(true);  // fastest conv kernels; warm-up absorbs the search

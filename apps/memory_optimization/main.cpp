@@ -21,6 +21,7 @@
 #include "amplab/app.hpp"
 #include "amplab/training_snapshot.hpp"
 #include "amplab/device.hpp"
+#include "amplab/fits.hpp"
 #include "amplab/log.hpp"
 #include "amplab/memory.hpp"
 #include "amplab/plots.hpp"
@@ -791,6 +792,13 @@ int main(int argc, char** argv) {
     lab.shape.classes = mc.classes;
     lab.shape.dropout = mc.dropout;
     torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+    {  // The model is made on the CPU, with a copy of its initial weights: refused up front, naming the keys.
+      const double w = static_cast<double>(lab.shape.width), depth = static_cast<double>(lab.shape.depth);
+      const double params = depth * (2.0 * static_cast<double>(lab.shape.expansion) * w * w) + w * static_cast<double>(lab.shape.classes);
+      amplab::require_cpu_memory(static_cast<int64_t>(std::min(2.0 * 4.0 * params, 9e18)), "the model",
+                                 lab.cpu ? "mem.model.cpu_width, mem.model.cpu_depth or mem.model.expansion"
+                                         : "mem.model.width, mem.model.depth or mem.model.expansion");
+    }
     lab.model = mo::DeepMlp(lab.shape);
     for (const auto& p : lab.model->parameters()) {
       lab.initial.push_back(p.detach().clone());

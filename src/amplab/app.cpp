@@ -97,7 +97,11 @@ int guarded_main(const std::function<int()>& body) {
     return report_error(std::string("out of GPU memory: ") + e.what_without_backtrace(), kExitFailure);
   } catch (const c10::Error& e) {
     std::string message = e.what_without_backtrace();
-    return report_error(message.substr(0, message.find('\n')), kExitFailure);
+    message = message.substr(0, message.find('\n'));
+    // c10's CPU allocator names the bytes, not what to change.
+    if (message.find("can't allocate memory") != std::string::npos)
+      message = "out of CPU memory: " + message + "; lower the sizes set in the config (widths, depths, batch sizes: see --help)";
+    return report_error(message, kExitFailure);
   } catch (const std::exception& e) {
     return report_error(e.what(), kExitFailure);
   }

@@ -41,6 +41,14 @@ nlohmann::json plain_scalar_value(const std::string& text) {
   return text;
 }
 
+// A number too large (or too small) for a double, like 1e400: what a failed conversion meant.
+bool beyond_double(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  std::strtod(text.c_str(), &end);
+  return errno == ERANGE && end == text.c_str() + text.size() && !text.empty();
+}
+
 std::string join_path(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
 }
@@ -105,8 +113,10 @@ std::string Range<T>::describe() const {
   const bool has_max = max != std::numeric_limits<T>::max() && !(is_int && max == std::numeric_limits<int>::max());
   auto show = [](T v) {
     if constexpr (std::is_integral_v<T>) return std::to_string(v);
+    else if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));  // 604800, not 6.048e+05
     else return format_double(v);
   };
+  if (has_min && has_max && min_exclusive) return kind + " > " + show(min) + " and <= " + show(max);
   if (has_min && has_max) return kind + " in [" + show(min) + ", " + show(max) + "]";
   if (has_min) return kind + (min_exclusive ? " > " : " >= ") + show(min);
   if (has_max) return kind + " <= " + show(max);
@@ -312,6 +322,8 @@ class YamlReader final : public FieldVisitor {
     if (!found) return;
     const YAML::Node& node = *found;
     double parsed = 0;
+    if (node.IsScalar() && !YAML::convert<double>::decode(node, parsed) && beyond_double(node.Scalar()))
+      fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node) + ", which is beyond the range of a double");
     if (!node.IsScalar() || !YAML::convert<double>::decode(node, parsed))
       fail(key, node, "expected " + range.describe() + ", got " + scalar_preview(node));
     if (!std::isfinite(parsed) || !range.contains(parsed))

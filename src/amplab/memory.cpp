@@ -14,6 +14,7 @@
 #endif
 
 #include "amplab/error.hpp"
+#include "amplab/fits.hpp"
 #include "amplab/files.hpp"
 #include "amplab/table.hpp"
 
@@ -256,6 +257,24 @@ void limit_device_memory(torch::Device device, int64_t bytes) {
   double fraction = bytes <= 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(total);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.has_index() ? device.index() : 0);
 #endif
+}
+
+int64_t available_cpu_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+void require_cpu_memory(int64_t bytes, const std::string& what, const std::string& keys) {
+  const int64_t available = available_cpu_bytes();
+  if (available < 0 || bytes <= available) return;
+  auto gib = [](int64_t b) { return fixed(static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0), 1) + " GiB"; };
+  throw Error(what + " needs at least " + std::to_string(bytes) + " bytes (" + gib(bytes) + ") of CPU memory, " +
+              gib(available) + " are available; lower " + keys);
 }
 
 }  // namespace amplab

@@ -230,6 +230,7 @@ struct NarrowConfig {
 TEST(Config, NumbersBeyondTheirTypeAreNamedAsSuch) {
   EXPECT_TRUE(test::throws_with([] { bind("train:\n  batch_size: 99999999999999999999\n"); },
                                 {"train.batch_size", "beyond the range of a 64-bit integer"}));
+  EXPECT_TRUE(test::throws_with([] { bind("train:\n  optim:\n    lr: 1e400\n"); }, {"train.optim.lr", "beyond the range of a double"}));
   NarrowConfig narrow;
   EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("count: 1000000000000\n", "t.yaml").bind(narrow); },
                                 {"count", "larger than 2147483647"}));

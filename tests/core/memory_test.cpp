@@ -11,6 +11,7 @@
 
 #include "amplab/training_snapshot.hpp"
 #include "amplab/error.hpp"
+#include "amplab/fits.hpp"
 #include "amplab/memory.hpp"
 #include "amplab/precision.hpp"
 #include "support.hpp"
@@ -61,6 +62,17 @@ TEST(MemoryHelpers, RecognisesOutOfMemoryErrors) {
   EXPECT_TRUE(test::throws_with([] { limit_device_memory(torch::kCPU, 1 << 30); }, {"needs a GPU"}));
   EXPECT_EQ(device_total_memory(torch::kCPU), 0);
   free_cached_memory(torch::kCPU);  // a no-op
+}
+
+// A configuration larger than the machine is refused before allocating, naming the keys to
+// lower and the bytes it needs; one that fits passes.
+TEST(MemoryHelpers, AConfigurationThatCannotFitNamesTheKeysAndTheBytes) {
+  ASSERT_GT(available_cpu_bytes(), 0);
+  const int64_t huge = int64_t{1} << 60;
+  EXPECT_TRUE(test::throws_with([&] { require_cpu_memory(huge, "the model", "mem.model.width or mem.model.depth"); },
+                                {"the model needs at least " + std::to_string(huge) + " bytes", "GiB are available",
+                                 "lower mem.model.width or mem.model.depth"}));
+  EXPECT_NO_THROW(require_cpu_memory(1 << 20, "the model", "mem.model.width"));
 }
 
 TEST(MemoryHelpers, TrackerSamplesInsideAPhase) {

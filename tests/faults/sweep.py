@@ -378,6 +378,20 @@ def surprise_cases(bindir, out_root):
             ("mnist.modes=[cpu] # only the cpu", ["mnist.modes", "comment"], "a list with a comment")]:
         cases.append(Case(f"cli/mnist/--set {what}", "cli", set_refused(assignment, names)))
 
+    # Values each in its range that the machine or the libraries cannot honour: named, with the limit.
+    for lab, assignment, names, what in [
+            ("ddp", "dist.timeout_s=1e10", ["dist.timeout_s", "604800"], "dist.timeout_s beyond a week"),
+            ("amp_training", "amp.mlp.cpu_width=65536", ["amp.mlp.cpu_width", "bytes"], "the documented maximum width"),
+            ("memory_optimization", "mem.model.cpu_width=65536", ["mem.model.cpu_width", "bytes"],
+             "the documented maximum width")]:
+        def too_big(lab=lab, assignment=assignment, names=names):
+            if not (bindir / lab).exists():
+                return "skipped", f"no {lab} binary", ""
+            work = tempfile.mkdtemp(dir=out_root)
+            return refused([str(bindir / lab), "--set", "run.device=cpu", "--set", f"run.out_dir={work}", "--set", assignment],
+                           names, timeout=120)
+        cases.append(Case(f"cli/{lab}/--set {what}", "cli", too_big, 130))
+
     def hash_in_value():
         work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
         # data.dir that does not exist: the run stops right after making its run directory.

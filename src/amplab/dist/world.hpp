@@ -65,6 +65,9 @@ inline constexpr std::pair<Compression, const char*> kCompressionNames[] = {{Com
                                                                             {Compression::bf16, "bf16"}};
 inline std::span<const std::pair<Compression, const char*>> enum_names(Compression) { return kCompressionNames; }
 
+// Seconds a distributed wait may last: more than 0, at most a week.
+inline constexpr Range<double> kTimeoutRange{0.0, 7 * 24 * 3600.0, true};
+
 // Settings of distributed runs, under `dist:` in a lab's YAML. Ignored by single-process runs.
 struct DistConfig {
   Backend backend = Backend::automatic;  // see Backend
@@ -81,12 +84,14 @@ struct DistConfig {
   template <class V>
   void fields(V& v) {
     v.field("backend", backend, "collectives: auto (nccl on GPUs, else cpu), nccl, or cpu (tests, small CPU runs)");
+    // At most a week: torch's store turns the timeout into integer milliseconds and poll()
+    // timeouts, where 1e10 s overflowed into a rendezvous failure.
     v.field("timeout_s", timeout_s, "seconds a rank waits for the others (rendezvous, collectives) before failing",
-            Range<double>::positive());
+            kTimeoutRange);
     v.field("heartbeat_timeout_s", heartbeat_timeout_s,
             "seconds without a sign of life from a rank (a heartbeat every 0.5 s) before the others stop, naming it "
             "(2 s once a rank was sent SIGINT/SIGTERM, as launchers do when a worker dies)",
-            Range<double>::positive());
+            kTimeoutRange);
     v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
     v.field("broadcast_buffers", broadcast_buffers, "broadcast rank 0's module buffers before each forward");
