@@ -12,7 +12,7 @@ from pathlib import Path
 # The reference figures the labs' READMEs quote for these runs (seconds per epoch,
 # one H200), printed beside the measured ones. That table does not say whether an epoch is the
 # first or a warm one, so compare with both columns.
-DESIGN_SECONDS = {
+QUOTED_SECONDS = {
     "cpu-fp32-dataloader": 8.2,  # with 32 CPU threads
     "cuda-fp32-dataloader": 1.17,
     "cuda-fp16-dataloader": 1.61,
@@ -45,12 +45,12 @@ def main():
     if not runs:
         sys.exit(f"reference_table: no result JSON files in {directory}")
 
-    header = ["run", "epoch 1 s", "warm s", "ms/step", "samples/s", "loss", "test acc", "DESIGN s", "device"]
+    header = ["run", "epoch 1 s", "warm s", "ms/step", "samples/s", "loss", "test acc", "quoted s", "device"]
     rows = []
     for r in runs:
         name = r["run"].split("-", 1)[1] if r["run"][:2].isdigit() else r["run"]
         if r.get("status") != "ok":
-            rows.append([r["run"], "FAILED", "", "", "", "", "", fmt(DESIGN_SECONDS.get(name), ".3g"),
+            rows.append([r["run"], "FAILED", "", "", "", "", "", fmt(QUOTED_SECONDS.get(name), ".3g"),
                          r.get("log", r.get("error", ""))])
             continue
         last = r["epochs"][-1]
@@ -59,7 +59,7 @@ def main():
         ms_step = r["warm_ms_per_step"] or 1e3 * r["first_epoch_s"] / r["steps_per_epoch"]
         rows.append([r["run"], fmt(r["first_epoch_s"], ".3f"), fmt(r["warm_epoch_s"], ".3f"), fmt(ms_step, ".3f"),
                      fmt(per_s, ".0f"), fmt(last["train_loss"], ".4f"), fmt(last["test_acc"], ".4f"),
-                     fmt(DESIGN_SECONDS.get(name), ".3g"),
+                     fmt(QUOTED_SECONDS.get(name), ".3g"),
                      f"{r['env']['device_name']} ({r['env']['cpu_threads']} threads)"
                      if r["config"]["device"] == "cpu" else r["env"]["device_name"]])
 

@@ -20,23 +20,26 @@ host-side launcher has a hole of the same TODO that throws.
     scripts/make-starter.py --merge LAB STUDENT_DIR OUTDIR [--device reference|student]
     scripts/make-starter.py --holes LAB OUTDIR   # --merge with the untouched starter as the student
 
-Merged sources are how a lab is graded one TODO at a time: each of the student's files (from
-STUDENT_DIR; the starter's where a file is missing) with the body of every hole switchable, at
-run time, between the student's code and the reference:
+Grading variants (variant_text, used by scripts/grade) are how a lab is graded one TODO at a
+time: for the TODOs a test grades, the student's file with their code in those holes and the
+reference's code in every other hole, chosen when the file is written, so the graded TODO's
+reference is in neither the file nor the program built from it. The student's code of a hole is
+everything between the given code lines around its AMPLAB_TODO line (student_regions), so code
+written beside a marker line that was left in place is theirs too. A file where that cannot be
+told (the given code around a hole changed, two holes with no given code between them) raises
+MergeError; scripts/grade then grades the file as a whole and says so to the student.
+
+Merged sources (--merge, --holes) are the instructor's check of the rubric: each hole's body
+switchable at run time between the student's code and the reference,
 
     if (amplab_student_todo("lab-3")) { <the student's code> } else { <the solution's fence> }
 
-The environment variable AMPLAB_STUDENT_TODOS picks: unset or "all": the student's code
-everywhere; "none": the reference everywhere; "lab-3,lab-5": the student's for those TODOs
-only. scripts/grade runs each graded test with its own TODO (and the rubric's also_needs), so an
-empty or wrong TODO costs only its own points. The student's code is found by comparing their
-file with the starter (difflib): the lines that replaced each AMPLAB_TODO line. A file where
-that is ambiguous (one edit spanning two holes, or changing given code around a hole) is taken
-as it is (all the student's), and --merge says so on stderr. DEVICE holes cannot switch at run
-time: --device decides (the holes variant keeps the reference; grading, the student's).
-The holes variant (scripts/check-rubric-holes.py: empty one TODO at a time, with
-AMPLAB_STUDENT_TODOS=<id>) is the merge of the untouched starter, so its build also proves that
-every fence can be switched.
+with the environment variable AMPLAB_STUDENT_TODOS picking (unset or "all": the student's code
+everywhere; "none": the reference everywhere; "lab-3,lab-5": the student's for those only). The
+holes variant (scripts/check-rubric-holes.py: empty one TODO at a time, with
+AMPLAB_STUDENT_TODOS=<id>) is the merge of the untouched starter, built in the instructor's own
+build only. Grading never uses the switch: student code could flip it. DEVICE holes cannot switch
+at run time: --device decides (the holes variant keeps the reference).
 """
 import argparse
 import difflib
