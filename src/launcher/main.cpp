@@ -11,12 +11,14 @@
 // does not do, unlike torchrun: elastic membership, restarts across nodes, a rendezvous between
 // nodes (each node is started by hand with the same --nnodes/--master-addr/--master-port and
 // its own --node-rank).
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -83,6 +85,13 @@ int main(int argc, char** argv) {
   // First of all: `amplab-run ... | head -1` must not die of its first line (and take its
   // workers with it). Workers get SIGPIPE back (supervisor.cpp) and decide for themselves.
   signal(SIGPIPE, SIG_IGN);
+  // A closed stdin/stdout/stderr (started with 2>&-) is reopened on /dev/null, so that the pipes
+  // to the workers never take its number and receive the launcher's own lines.
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0 && null != fd) dup2(null, fd), close(null);
+  }
   int nproc_per_node = 1, nnodes = 1, node_rank = 0, master_port = 0;
   std::string master_addr;
   bool standalone = false;

@@ -444,6 +444,16 @@ def surprise_cases(bindir, out_root):
             return "crash", f"amplab-run ended with {rc} (141: SIGPIPE) once head had its line", script
         return "ok", "exit 0: the launcher and its ranks outlived the reader", script
     cases.append(Case("cli/amplab-run/2>&1 | head -1", "cli", launcher_into_head))
+
+    def launcher_closed_descriptors():
+        if not (bindir / "amplab-run").exists():
+            return "skipped", "no amplab-run", ""
+        script = f"exec '{bindir}/amplab-run' --nproc-per-node 2 -- /bin/sh -c 'seq 1 5000' <&- >&- 2>&-"
+        rc, out, _ = run(["/bin/bash", "-c", script], 60)
+        if rc is None:
+            return "hang", "", script
+        return ("ok", "exit 0", script) if rc == 0 else ("crash", f"exit {rc} with its descriptors closed", script)
+    cases.append(Case("cli/amplab-run/stdin, stdout, stderr closed", "cli", launcher_closed_descriptors))
     return cases
 
 
