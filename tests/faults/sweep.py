@@ -30,6 +30,7 @@ import pathlib
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -635,6 +636,26 @@ def resumed_like_baseline(bindir, out_root, out_dir, cmd, what):
     return "ok", f"{what}; resumed to the same last epoch {got}", " ".join(resume)
 
 
+def profile_cases(bindir, out_root):
+    """The per-phase profile states the sample it took (a CPU profile takes 3 steps, whatever
+    mnist.profile_steps asks)."""
+    if not (bindir / "mnist").exists():
+        return []
+
+    def sample_size():
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", "mnist.profile_steps=30",
+                                                "--set", f"run.out_dir={out_dir}"]
+        rc, out, _ = run(cmd, 300)
+        if rc != 0:
+            return ("hang" if rc is None else "crash" if crashed(rc, out) else "unclear"), f"exit {rc}", " ".join(cmd)
+        heading = next((line for line in out.splitlines() if line.startswith("Where a step's time goes")), "")
+        if "30 steps" in out or "cpu 3;" not in heading:
+            return "wrong", f"the profile's sample as stated: {heading[:160]!r}", " ".join(cmd)
+        return "ok", heading[:120], " ".join(cmd)
+    return [Case("profile/mnist.profile_steps=30 on the CPU: the sample stated is the one taken", "profile", sample_size, 330)]
+
+
 def saved_in_log(out_dir):
     """Whether the run's log file says an interrupt saved a checkpoint (its console may be gone)."""
     return any("checkpoint saved to" in log.read_text(errors="replace")
@@ -965,7 +986,27 @@ def dead_rank_cases(bindir, out_root):
             return "unclear", f"not one error line naming rank 1: {errors}", " ".join(cmd)
         return "ok", errors[0][:160], " ".join(cmd)
 
+    def half_a_job():  # --nnodes 2 with only node 0 started: rank 0 must end in one line naming rank 1
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        cmd = [str(bindir / "amplab-run"), "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "--nproc-per-node", "1", "--", str(bindir / "ddp"), "--set", "run.device=cpu",
+               "--set", "dist.timeout_s=15", "--set", "data.train_limit=512", "--set", f"run.out_dir={out_dir}"]
+        rc, out, _ = run(cmd, 90)
+        if rc is None:
+            return "hang", "", " ".join(cmd)
+        polls = out.count("likely a timeout")
+        if polls:
+            return "unclear", f"{polls} lines of c10d's waitForInput warnings", " ".join(cmd)
+        errors = [line for line in out.splitlines() if "error:" in line]
+        if rc == 0 or len(errors) != 1 or "rank 1" not in errors[0]:
+            return "unclear", f"exit {rc}, error lines {errors}", " ".join(cmd)
+        return "ok", errors[0][:160], " ".join(cmd)
+
     return [Case("dead rank/amplab-run, rank 1 exits 0 at once", "dead rank", exits_at_once, 120),
+            Case("dead rank/amplab-run --nnodes 2, node 1 never started", "dead rank", half_a_job, 120),
             Case("dead rank/amplab-run, rank 1 killed", "dead rank", launch("amplab-run"), 120),
             Case("dead rank/torchrun --no-python, rank 1 killed", "dead rank", launch("torchrun"), 120)]
 
@@ -984,7 +1025,7 @@ def main():
     out_root = tempfile.mkdtemp(prefix="amplab-sweep-")
     cases = []
     for make in (config_cases, yaml_cases, cli_cases, special_file_cases, surprise_cases, data_cases, checkpoint_cases,
-                 signal_cases, terminal_cases, clock_cases, resume_cases, divergence_cases, disk_full_cases,
+                 signal_cases, terminal_cases, clock_cases, profile_cases, resume_cases, divergence_cases, disk_full_cases,
                  dead_rank_cases):
         cases += make(bindir, out_root)
     wanted = [w for w in args.only.split(",") if w] or [""]
