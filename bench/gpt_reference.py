@@ -103,7 +103,7 @@ class Gpt(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
 def load(a):
