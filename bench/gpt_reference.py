@@ -4,8 +4,8 @@
 Same model as labs/transformer_fp8/gpt.hpp (nanoGPT's: token + position embeddings, pre-LayerNorm
 blocks, causal self-attention, a 4x GELU MLP, bias-free linears, the head tied to the token
 embedding, nanoGPT's initialisation), same data (data/shakespeare/{train,val}.txt, characters,
-the vocabulary of both files), same optimizer (AdamW lr 1e-3, betas 0.9/0.99, weight decay 0.1
-on every parameter, as the lab's config), clipping at 1.0, same steps and evaluations, same
+the vocabulary of both files), same optimizer (fused AdamW lr 1e-3, betas 0.9/0.99, weight decay
+0.1 on every parameter, as the lab's config), clipping at 1.0, same steps and evaluations, same
 timing (the steps after --warmup, the device synchronized around each step; evaluations left
 out). Rows: fp32, tf32, fp16 (torch.amp.GradScaler), fp16-no-scaler, bf16, bf16-math (attention
 written out instead of SDPA), and with --compile, bf16-compile (torch.compile of the model).
@@ -133,7 +133,7 @@ def run_row(a, row, data, dev):
     torch.manual_seed(a.seed)
     model = Gpt(a, vocab, math_path=row == "bf16-math").to(dev)
     step_model = torch.compile(model) if row == "bf16-compile" else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
     dtype = {"fp16": torch.float16, "fp16-no-scaler": torch.float16}.get(row, torch.bfloat16)
     autocast = row not in ("fp32", "tf32")
     torch.backends.cuda.matmul.allow_tf32 = row == "tf32"
@@ -162,9 +162,9 @@ def run_row(a, row, data, dev):
                 v = sum(model(*batch(val, a, dev)).item() for _ in range(a.eval_iters)) / a.eval_iters
             model.train()
             evals.append({"step": step, "train_loss": loss.item(), "val_loss": v})
-    ms = 1e3 * sum(timed) / max(len(timed), 1)
+    ms = 1e3 * sum(timed) / len(timed) if timed else float("nan")  # nan: no step after --warmup
     peak = torch.cuda.max_memory_allocated() / 2 ** 20 if dev.type == "cuda" else float("nan")
-    return {"row": row, "ms_per_step": ms, "tokens_per_s": a.batch * a.block_size / (ms / 1e3), "peak_mib": peak,
+    return {"row": row, "ms_per_step": ms, "tokens_per_s": a.batch * a.block_size / (ms / 1e3) if timed else float("nan"), "peak_mib": peak,
             "evals": evals}
 
 

@@ -296,7 +296,10 @@ std::vector<MlpRow> fp8_mlp_table(torch::Device device, int64_t width, int64_t b
 
 // One (m, k, n) matmul: bf16 torch::mm against e4m3 _scaled_mm (tensorwise), TFLOP/s. The shapes:
 // a large square one, a small one, and the GPT's qkv projection (64 x 256 tokens, 384 -> 1152).
-std::pair<double, double> matmul_tflops(torch::Device device, int64_t m, int64_t k, int64_t n) {
+struct MatmulTflops {
+  double bf16 = 0, fp8 = 0, fp8_rowwise = NAN;  // NaN: rowwise refused here
+};
+MatmulTflops matmul_tflops(torch::Device device, int64_t m, int64_t k, int64_t n) {
   torch::NoGradGuard no_grad;
   auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
   torch::Tensor a = torch::randn({m, k}, bf16), b = torch::randn({n, k}, bf16);
@@ -307,9 +310,17 @@ std::pair<double, double> matmul_tflops(torch::Device device, int64_t m, int64_t
     return amplab::summarize(amplab::time_back_to_back(f, device, 20, 5)).median;
   };
   double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
-  double bf16_ms = time_it([&] { torch::mm(a, b.t()); });
-  double fp8_ms = time_it([&] { at::_scaled_mm(a8, b8.t(), one, one, {}, {}, torch::kBFloat16); });
-  return {flops / bf16_ms / 1e9, flops / fp8_ms / 1e9};
+  MatmulTflops r;
+  r.bf16 = flops / time_it([&] { torch::mm(a, b.t()); }) / 1e9;
+  r.fp8 = flops / time_it([&] { at::_scaled_mm(a8, b8.t(), one, one, {}, {}, torch::kBFloat16); }) / 1e9;
+  try {  // your rowwise casts (TODO 6): an (m, 1) and a (1, n) scale
+    lab::Fp8Rowwise ar = lab::to_fp8_rowwise(a, lab::Fp8Format::e4m3), br = lab::to_fp8_rowwise(b, lab::Fp8Format::e4m3);
+    torch::Tensor inv_a = ar.scale.reciprocal(), inv_b = br.scale.reciprocal().t();
+    r.fp8_rowwise = flops / time_it([&] { at::_scaled_mm(ar.data, br.data.t(), inv_a, inv_b, {}, {}, torch::kBFloat16); }) / 1e9;
+  } catch (const std::exception& e) {
+    amplab::log::warn(std::string("rowwise FP8 matmul skipped: ") + e.what());
+  }
+  return r;
 }
 
 // ---- Output -------------------------------------------------------------------------------------
@@ -402,12 +413,14 @@ void fp8_tables(torch::Device device, const amplab::RunDir& run, nlohmann::json&
   std::cout << "\n== FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer) ==\n"
             << table.to_string();
   table.write_csv(run.file("fp8_mlp.csv"));
-  amplab::Table matmuls({"m x k x n", "bf16 TFLOP/s", "fp8 e4m3 TFLOP/s", "fp8 / bf16"});
+  amplab::Table matmuls({"m x k x n", "bf16 TFLOP/s", "fp8 tensorwise TFLOP/s", "fp8 rowwise TFLOP/s", "tensorwise / bf16"});
   for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{8192, 8192, 8192}, {1024, 2048, 1024}, {16384, 384, 1152}}) {
-    auto [bf16, fp8] = matmul_tflops(device, m, k, n);
+    MatmulTflops t = matmul_tflops(device, m, k, n);
     std::string shape = std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n);
-    matmuls.add_row({shape, amplab::fixed(bf16, 0), amplab::fixed(fp8, 0), amplab::fixed(fp8 / bf16, 2) + "x"});
-    summary["fp8_matmul"].push_back({{"shape", shape}, {"bf16_tflops", bf16}, {"fp8_tflops", fp8}});
+    matmuls.add_row({shape, amplab::fixed(t.bf16, 0), amplab::fixed(t.fp8, 0), amplab::fixed(t.fp8_rowwise, 0),
+                     amplab::fixed(t.fp8 / t.bf16, 2) + "x"});
+    summary["fp8_matmul"].push_back({{"shape", shape}, {"bf16_tflops", t.bf16}, {"fp8_tflops", t.fp8},
+                                     {"fp8_rowwise_tflops", std::isnan(t.fp8_rowwise) ? nlohmann::json() : nlohmann::json(t.fp8_rowwise)}});
   }
   std::cout << "\n== One matmul: bf16 against FP8 (_scaled_mm, tensorwise, no cast counted) ==\n" << matmuls.to_string();
   matmuls.write_csv(run.file("fp8_matmul.csv"));

@@ -64,6 +64,16 @@ inline torch::Tensor from_fp8(const torch::Tensor& data, const torch::Tensor& sc
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& x_scale,
                          const torch::Tensor& w_scale);
 
+// TODO(transformer_fp8-6), the stretch: rowwise scaling. One scale per row of x (N, K): each
+// row's amax, fp8_max / max(amax, kAmaxFloor), and each row cast (saturated) with its own scale.
+// An outlier then coarsens only its own row. A GPU's _scaled_mm takes such scales as (N, 1) for
+// its first operand and (1, M) for its second (the CPU's takes one scale per tensor only).
+struct Fp8Rowwise {
+  torch::Tensor data;   // (N, K) in fp8_dtype(format)
+  torch::Tensor scale;  // (N, 1) float32: row i was multiplied by scale[i]
+};
+Fp8Rowwise to_fp8_rowwise(const torch::Tensor& x, Fp8Format format);
+
 // ---- Delayed scaling ----------------------------------------------------------------------------
 
 // TODO(transformer_fp8-5): the scale of a tensor from the amaxes of its last `length` steps

@@ -111,6 +111,15 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   return Fp8LinearFunction::apply(x, weight, x_scale, w_scale);
 }
 
+// TODO(transformer_fp8-6): TODO 3's recipe (write it out here, or call your to_fp8) with the amax
+// reduced over the last dimension only
+// (keep it as a column, (N, 1), so that it broadcasts over each row). Pitfalls: the max over
+// dim 0 gives one scale per column, the transpose of what the matmul expects; an all-zero row
+// needs the floor as much as an all-zero tensor.
+Fp8Rowwise to_fp8_rowwise(const torch::Tensor& x, Fp8Format format) {
+  AMPLAB_TODO("transformer_fp8-6");
+}
+
 AmaxHistory::AmaxHistory(int64_t length, Fp8Format format) : length_(length), format_(format) {
   if (length < 1) throw amplab::Error("AmaxHistory: the length must be >= 1, got " + std::to_string(length));
   history_ = torch::zeros({length}, torch::kFloat32);

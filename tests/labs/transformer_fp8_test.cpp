@@ -87,7 +87,7 @@ torch::Tensor input_of(const nlohmann::json& c) {
                                          << actual.scalar_type();
   float a = actual.item<float>(), e = expected.item<float>();
   if (a == e || std::nextafter(e, a) == a) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << a << ", PyTorch " << e;
+  return ::testing::AssertionFailure() << "got " << a << ", expected " << e;
 }
 
 // A tiny GPT on the committed Hamlet excerpt: `steps` AdamW steps from a fixed seed, no dropout
@@ -301,6 +301,49 @@ TEST(Transformer3_Fp8Scaling, SaturatedCastsMatchPyTorchBitForBit) {
   }
 }
 
+// ---- TODO 6 (stretch): rowwise scaling ---------------------------------------------------------------
+
+// Each row's scale against PyTorch's, within one ulp (see within_one_ulp).
+TEST(Transformer6_Rowwise, ScalesEachRowByItsOwnAmax) {
+  for (const auto& c : golden().at("rowwise_cases")) {
+    SCOPED_TRACE("fixture case " + c.at("name").get<std::string>() + " (row 3: an outlier row, row 5: all zeros)");
+    torch::Tensor x = input_of(c);
+    lab::Fp8Rowwise cast = lab::to_fp8_rowwise(x, format_of(c));
+    torch::Tensor expected = test::tensor_from_bits(c.at("scale"));
+    ASSERT_EQ(cast.scale.scalar_type(), torch::kFloat32);
+    ASSERT_EQ(cast.scale.sizes(), expected.sizes()) << "one scale per row, as an (N, 1) column";
+    for (int64_t i = 0; i < x.size(0); ++i)
+      ASSERT_TRUE(within_one_ulp(cast.scale[i][0], expected[i][0])) << "row " << i;
+  }
+}
+
+// The bytes of each row whose scale is PyTorch's to the bit (a scale one ulp off may move a tie).
+TEST(Transformer6_Rowwise, CastsEachRowLikePyTorch) {
+  for (const auto& c : golden().at("rowwise_cases")) {
+    SCOPED_TRACE("fixture case " + c.at("name").get<std::string>());
+    torch::Tensor x = input_of(c);
+    Fp8Format format = format_of(c);
+    lab::Fp8Rowwise cast = lab::to_fp8_rowwise(x, format);
+    ASSERT_EQ(cast.data.scalar_type(), lab::fp8_dtype(format));
+    ASSERT_EQ(cast.data.sizes(), x.sizes());
+    torch::Tensor expected = torch::tensor(c.at("data").get<std::vector<int64_t>>(), torch::kInt64).to(torch::kUInt8).view(x.sizes());
+    torch::Tensor actual = cast.data.contiguous().view(torch::kUInt8);
+    torch::Tensor scales = test::tensor_from_bits(c.at("scale"));
+    int64_t checked = 0;
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      if (!torch::equal(cast.scale[i], scales[i])) continue;
+      ++checked;
+      torch::Tensor differ = (actual[i] != expected[i]).nonzero();
+      if (differ.numel() > 0) {
+        int64_t j = differ[0][0].item<int64_t>();
+        FAIL() << "row " << i << ", element " << j << ": x = " << x[i][j].item<float>() << ", got "
+               << cast.data[i][j].to(torch::kFloat32).item<float>() << ", PyTorch " << fp8_value(expected[i][j], format);
+      }
+    }
+    EXPECT_GT(checked, x.size(0) / 2) << "most rows' scales must be PyTorch's to the bit";
+  }
+}
+
 // ---- TODO 4: the FP8 linear layer -------------------------------------------------------------------
 
 struct LinearCase {
@@ -437,8 +480,26 @@ TEST(TransformerGpu, Fp8LinearOnTheGpuMatchesTheCpu_CUDA) {
   torch::Tensor g = torch::randn({64, 48}) * 1e-3;
   y_cpu.backward(g);
   y_gpu.backward(g.to(gpu));
-  EXPECT_TRUE(test::tensors_close(xg.grad().cpu(), cpu.x.grad(), 1e-4, 1e-9)) << "dL/dx";
-  EXPECT_TRUE(test::tensors_close(wg.grad().cpu(), cpu.w.grad(), 1e-4, 1e-9)) << "dL/dw";
+  EXPECT_TRUE(test::tensors_close(xg.grad().cpu(), cpu.x.grad(), 1e-4, 1e-6 * cpu.x.grad().abs().max().item<double>()))
+      << "dL/dx";
+  EXPECT_TRUE(test::tensors_close(wg.grad().cpu(), cpu.w.grad(), 1e-4, 1e-6 * cpu.w.grad().abs().max().item<double>()))
+      << "dL/dw";
+}
+
+// cuBLAS's rowwise FP8 matmul (an (N, 1) scale for the first operand, (1, M) for the second,
+// bf16 out) with your casts equals the matmul of the dequantized operands, up to bf16's rounding
+// of the output (8 significant bits: 1%).
+TEST(TransformerGpu, RowwiseScaledMatmulMatchesTheDequantizedOne_CUDA) {
+  AMPLAB_REQUIRE_FP8_GPU();
+  torch::Device gpu(torch::kCUDA, 0);
+  torch::manual_seed(22);
+  torch::Tensor a = torch::randn({64, 96}, gpu), b = torch::randn({48, 96}, gpu);
+  a[3] *= 100;  // an outlier row
+  lab::Fp8Rowwise a8 = lab::to_fp8_rowwise(a, Fp8Format::e4m3), b8 = lab::to_fp8_rowwise(b, Fp8Format::e4m3);
+  torch::Tensor y = at::_scaled_mm(a8.data, b8.data.t(), a8.scale.reciprocal(), b8.scale.reciprocal().t(), {}, {},
+                                   torch::kBFloat16);
+  torch::Tensor expected = torch::matmul(a8.data.to(torch::kFloat32) / a8.scale, (b8.data.to(torch::kFloat32) / b8.scale).t());
+  EXPECT_TRUE(test::tensors_close(y.to(torch::kFloat32).cpu(), expected.cpu(), 1e-2, 1e-2 * expected.abs().max().item<double>()));
 }
 
 TEST(TransformerGpu, SafeAttentionInFp16OnTheGpu_CUDA) {
