@@ -3,8 +3,8 @@
 #   1. the Debian packages the build needs (compiler, CMake, Ninja, yaml-cpp, spdlog, CLI11,
 #      GoogleTest/GoogleMock, zlib, nlohmann-json, Fashion-MNIST), installed only if missing;
 #   2. .venv/ with torch==2.11.0 (its LibTorch is what amplab links; the same version as the
-#      GPU machines), numpy and matplotlib (plots) and pyyaml (rubrics, scripts/grade), installed
-#      only if missing;
+#      GPU machines), numpy and matplotlib (plots), pyyaml (rubrics, scripts/grade) and safetensors
+#      (weights Python opens: tests/core/safetensors_interop.py), installed only if missing;
 #   3. configures and builds build/ (incremental after the first time), with a progress line.
 # Without a CUDA toolkit (no nvcc: a laptop, Gradescope), the CUDA compiler comes from pip wheels
 # in .venv instead (nvidia-cuda-nvcc, -nvvm, -crt of torch's CUDA version), beside the headers and
@@ -54,13 +54,13 @@ fi
 torch_version=2.11.0
 # The CUDA compiler as pip wheels, of the CUDA version of torch 2.11.0+cu130's own CUDA wheels.
 cuda_wheels=("nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85")
-if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, numpy, matplotlib, yaml, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
-  say ".venv: torch $torch_version, numpy, matplotlib, pyyaml present"
+if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, numpy, matplotlib, yaml, safetensors, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  say ".venv: torch $torch_version, numpy, matplotlib, pyyaml, safetensors present"
 else
-  say "creating .venv with torch==$torch_version, numpy, matplotlib, pyyaml (a few GB, a few minutes)"
+  say "creating .venv with torch==$torch_version, numpy, matplotlib, pyyaml, safetensors (a few GB, a few minutes)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q "torch==$torch_version" numpy matplotlib pyyaml
+  .venv/bin/python -m pip install -q "torch==$torch_version" numpy matplotlib pyyaml safetensors
 fi
 
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDACXX:-}" ]; then
