@@ -129,8 +129,8 @@ void report_early_exit(const std::vector<Running>& workers, Clock::time_point st
   if (!gone || running.empty()) return;
   said = true;
   say("rank " + std::to_string(gone->spec->rank) + " (pid " + std::to_string(gone->pid) + ") exited with code 0 after " +
-      seconds_between(started, gone->ended) + "; rank(s) " + running + " still run " + seconds_between(gone->ended, now) +
-      " later and may wait for it until their timeout (dist.timeout_s); Ctrl-C stops them");
+      seconds_between(started, gone->ended) + "; rank(s) " + running + " still running " + seconds_between(gone->ended, now) +
+      " later (if they wait for it, they stop at their timeout, dist.timeout_s; Ctrl-C stops them now)");
 }
 
 std::vector<char*> c_strings(const std::vector<std::string>& strings) {
