@@ -334,7 +334,7 @@ def run_case(name, source, kind, tests, secrets, work, listener, autograder=None
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="the cases whose name contains this")
+    parser.add_argument("--only", help="the cases whose name contains this (several: a,b)")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--autograder", metavar="DIR", help="grade through Gradescope's zip set up in DIR (DIR/source "
                         "holds setup.sh and run_autograder, run as Gradescope runs them)")
@@ -356,7 +356,7 @@ def main() -> int:
     secrets = secret_lines()
     failed = 0
     listener = Listener()
-    chosen = {n: c for n, c in CASES.items() if not args.only or args.only in n}
+    chosen = {n: c for n, c in CASES.items() if not args.only or any(o in n for o in args.only.split(","))}
     for name, (source, kind, what) in chosen.items():
         listener.reached = False
         with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
