@@ -71,9 +71,9 @@ struct GptConfig {
 
 struct StudyConfig {
   std::vector<std::string> rows = {"fp32", "tf32", "fp16", "fp16-no-scaler", "bf16", "fp8"};
-  int64_t steps = 300, cpu_steps = 80;    // optimizer steps per row
-  int64_t eval_every = 100, cpu_eval_every = 40;
-  int64_t eval_iters = 20, cpu_eval_iters = 4;  // validation batches per evaluation
+  int64_t steps = 300, cpu_steps = 200;   // optimizer steps per row
+  int64_t eval_every = 100, cpu_eval_every = 50;
+  int64_t eval_iters = 20, cpu_eval_iters = 8;  // validation batches per evaluation
   int64_t warmup = 10;                    // steps left out of the timing
   bool attention_study = true;            // math vs safe vs SDPA
   int64_t attention_steps = 30, cpu_attention_steps = 10;

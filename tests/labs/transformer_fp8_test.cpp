@@ -326,6 +326,7 @@ TEST(Transformer6_Rowwise, CastsEachRowLikePyTorch) {
     lab::Fp8Rowwise cast = lab::to_fp8_rowwise(x, format);
     ASSERT_EQ(cast.data.scalar_type(), lab::fp8_dtype(format));
     ASSERT_EQ(cast.data.sizes(), x.sizes());
+    ASSERT_EQ(cast.scale.sizes(), (std::vector<int64_t>{x.size(0), 1})) << "one scale per row, as an (N, 1) column";
     torch::Tensor expected = torch::tensor(c.at("data").get<std::vector<int64_t>>(), torch::kInt64).to(torch::kUInt8).view(x.sizes());
     torch::Tensor actual = cast.data.contiguous().view(torch::kUInt8);
     torch::Tensor scales = test::tensor_from_bits(c.at("scale"));
