@@ -62,8 +62,9 @@ torch::Tensor Float8LinearImpl::forward(const torch::Tensor& x) {
       x_scale = scale_from_amax(x_amax, Fp8Format::e4m3);
       w_scale = scale_from_amax(w_amax, Fp8Format::e4m3);
     } else {  // delayed: this step's scale from the past steps' amaxes, then this one joins them
-      x_scale = x_history_.scale();
-      w_scale = w_history_.scale();
+      // (the histories start on the CPU and follow the first amax: only step 1 copies its scale)
+      x_scale = x_history_.scale().to(flat.device());
+      w_scale = w_history_.scale().to(flat.device());
       x_history_.record(x_amax);
       w_history_.record(w_amax);
     }

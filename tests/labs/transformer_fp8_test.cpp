@@ -217,18 +217,25 @@ TEST(Transformer2_SafeAttention, MatchesSdpaWithABoolMaskInFp32) {
                                   1e-4, 1e-5));
 }
 
-// Head 0: queries of norm 1e5 along one direction u, key s = (s + 1)/T u + noise: raw scores up
-// to 1e5 (inf in fp16), scaled ones at most 1e5 / sqrt(64) = 12500, and 780 apart, so each query
-// attends to its last allowed key. Head 1: ordinary scores. fp16 keeps 11 significant bits
-// (relative 2^-11 per rounding); 1% covers the scores', weights' and output's roundings.
-TEST(Transformer2_SafeAttention, LargeNormFp16QueriesStayFiniteAndCloseToFp32) {
-  const int64_t T = 16, D = 64;
+// fp16 inputs (1, 2, T, 64) on `device`. Head 0: queries of norm 1e5 along one direction u, key s
+// = (s + 1)/T u + noise: raw scores reach 1e5 (inf in fp16), scaled ones at most 1e5 / sqrt(64) =
+// 12500, neighbouring keys 1e5 / (8T) apart (781 at T = 16), so each query attends to its last
+// allowed key with no near tie. Head 1: ordinary scores.
+Qkv large_norm_fp16_qkv(int64_t T, torch::Device device) {
+  const int64_t D = 64;
   torch::manual_seed(6);
   torch::Tensor u = torch::ones({D}) / std::sqrt(static_cast<double>(D));
   torch::Tensor q = torch::randn({1, 2, T, D}), k = torch::randn({1, 2, T, D}), v = torch::randn({1, 2, T, D});
   q[0][0] = u.expand({T, D}) * 1e5;
   k[0][0] = torch::arange(1, T + 1).unsqueeze(1).to(torch::kFloat32) / T * u + 0.01 * torch::randn({T, D});
-  Qkv half{q.to(torch::kHalf), k.to(torch::kHalf), v.to(torch::kHalf)};
+  return {q.to(device, torch::kHalf), k.to(device, torch::kHalf), v.to(device, torch::kHalf)};
+}
+
+// fp16 keeps 11 significant bits (relative 2^-11 per rounding); 1% covers the scores', weights'
+// and output's roundings.
+TEST(Transformer2_SafeAttention, LargeNormFp16QueriesStayFiniteAndCloseToFp32) {
+  const int64_t T = 16;
+  Qkv half = large_norm_fp16_qkv(T, torch::kCPU);
   Qkv exact{half.q.to(torch::kFloat32), half.k.to(torch::kFloat32), half.v.to(torch::kFloat32)};
   ASSERT_GT(torch::matmul(exact.q, exact.k.transpose(-2, -1)).abs().max().item<double>(), 65504.0)
       << "the test's raw scores must overflow fp16";
@@ -503,18 +510,20 @@ TEST(TransformerGpu, RowwiseScaledMatmulMatchesTheDequantizedOne_CUDA) {
   EXPECT_TRUE(test::tensors_close(y.to(torch::kFloat32).cpu(), expected.cpu(), 1e-2, 1e-2 * expected.abs().max().item<double>()));
 }
 
+// The inputs of the CPU test on the GPU (cuBLAS's fp16 matmuls), with a fully masked row.
 TEST(TransformerGpu, SafeAttentionInFp16OnTheGpu_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   torch::Device gpu(torch::kCUDA, 0);
-  Qkv t = random_qkv(torch::kFloat32, 2, 2, 32, 64, 21);
+  const int64_t T = 32;
+  Qkv half = large_norm_fp16_qkv(T, gpu);
   torch::NoGradGuard no_grad;
-  torch::Tensor q = (t.q * 2000).to(gpu, torch::kHalf), k = t.k.to(gpu, torch::kHalf), v = t.v.to(gpu, torch::kHalf);
-  torch::Tensor allowed = torch::ones({32, 32}, torch::dtype(torch::kBool).device(gpu)).tril().expand({2, 2, 32, 32}).clone();
-  allowed.index_put_({0, 1, 5}, false);
-  torch::Tensor out = lab::safe_attention(q, k, v, allowed, 0.0, false);
-  ASSERT_TRUE(torch::isfinite(out).all().item<bool>());
-  Qkv exact{q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32)};
-  EXPECT_TRUE(test::tensors_close(out.to(torch::kFloat32), sdpa(exact, allowed, 0.0, false), 2e-2, 2e-2));
+  torch::Tensor allowed = torch::ones({T, T}, torch::dtype(torch::kBool).device(gpu)).tril().expand({1, 2, T, T}).clone();
+  allowed.index_put_({0, 1, 5}, false);  // head 1, query 5: nothing allowed
+  torch::Tensor out = lab::safe_attention(half.q, half.k, half.v, allowed, 0.0, false);
+  ASSERT_TRUE(torch::isfinite(out).all().item<bool>()) << "inf or NaN in the fp16 output";
+  // The reference on the CPU: its SDPA gives a fully masked row zeros (the math path's safe softmax).
+  Qkv exact{half.q.cpu().to(torch::kFloat32), half.k.cpu().to(torch::kFloat32), half.v.cpu().to(torch::kFloat32)};
+  EXPECT_TRUE(test::tensors_close(out.to(torch::kFloat32).cpu(), sdpa(exact, allowed.cpu(), 0.0, false), 1e-2, 1e-2));
 }
 
 TEST(TransformerGpu, GptTrainsInBf16WithFp8Linears_CUDA) {
