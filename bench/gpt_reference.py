@@ -171,6 +171,8 @@ def run_row(a, row, data, dev):
 def main():
     a = parse_args()
     dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device here; on the CPU pass --device cpu and the CPU sizes (see --help)")
     data = load(a)
     rows = [r for r in a.rows.split(",") if r]
     if a.compile:
