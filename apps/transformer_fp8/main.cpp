@@ -370,7 +370,9 @@ void write_precision_tables(const std::vector<RunResult>& results, const amplab:
       losses.add_row({r.name, std::to_string(r.eval_steps[i]), amplab::fixed(r.train_losses[i], 5),
                       amplab::fixed(r.val_losses[i], 5)});
   }
-  std::cout << table.to_string() << notes;
+  std::cout << table.to_string() << notes
+            << (cpu ? "peak MiB: the process's RSS high-water mark (on the CPU it only grows from row to row)\n"
+                    : "peak MiB: the most bytes tensors held during the row (CUDA caching allocator)\n");
   table.write_csv(run.file("precision.csv"));
   losses.write_csv(run.file("losses.csv"));
 }
