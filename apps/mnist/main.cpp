@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <iostream>
 #include <map>
 
 #include "amplab/app.hpp"
+#include "amplab/checkpoint.hpp"
 #include "amplab/config_json.hpp"
 #include "amplab/data/mnist.hpp"
 #include "amplab/device.hpp"
@@ -18,6 +21,7 @@
 #include "amplab/plots.hpp"
 #include "amplab/report.hpp"
 #include "amplab/run_dir.hpp"
+#include "amplab/safetensors.hpp"
 #include "amplab/signals.hpp"
 #include "amplab/table.hpp"
 #include "amplab/timing.hpp"
@@ -35,6 +39,7 @@ struct MnistLabConfig {
   int64_t eval_batch_size = 1000; // test-set batches
   bool plots = true;              // write PNG plots (needs matplotlib)
   int profile_steps = 30;         // steps of the per-phase profile after training (0: none)
+  std::string init_weights = "";  // a safetensors file to start every mode from ("": the seed's weights)
 
   template <class V>
   void fields(V& v) {
@@ -47,6 +52,9 @@ struct MnistLabConfig {
     v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
     v.field("profile_steps", profile_steps, "steps of the per-phase profile after each mode's training (0: none)",
             amplab::Range<int64_t>::between(0, 10000));
+    v.field("init_weights", init_weights,
+            "safetensors file to start every mode from, e.g. a model-*.safetensors or one Python wrote (empty: the seed's weights)",
+            amplab::check_path_value);
   }
 };
 
@@ -170,6 +178,38 @@ std::vector<PhaseRow> profile_step(amplab::Trainer& trainer, amplab::BatchSource
   return rows;
 }
 
+// mnist.init_weights into `net` (on any device), or an amplab::Error of one line naming the key,
+// the file and what does not fit. Called once before the run starts (a bad file is a config
+// error: no run directory is made) and again for each mode.
+void load_init_weights(mnist::Net& net, const std::string& path) {
+  try {
+    amplab::load_module_safetensors(*net, path);
+  } catch (const amplab::IoError&) {
+    throw;
+  } catch (const amplab::Error& e) {
+    throw amplab::Error(std::string("mnist.init_weights: ") + e.what());
+  }
+}
+
+// The trained weights as model-<mode>.safetensors in the run directory, under the names
+// pytorch/examples' Net has in Python (bench/eval_safetensors.py evaluates them there), with the
+// accuracy this run measured in the metadata. Returns the path.
+std::string save_weights(mnist::Net& net, const mnist::ModeResult& result, const std::string& dataset, int64_t test_images,
+                         amplab::RunDir& run) {
+  const std::string path = run.file("model-" + amplab::file_name_safe(result.mode) + ".safetensors");
+  char accuracy[32];
+  std::snprintf(accuracy, sizeof accuracy, "%.17g", result.test_accuracy.back());
+  amplab::save_module_safetensors(*net, path,
+                                  {{"format", "pt"},  // what Hugging Face's tools look for in a PyTorch state dict
+                                   {"lab", "mnist"},
+                                   {"mode", result.mode},
+                                   {"dataset", dataset},
+                                   {"epochs", std::to_string(result.test_accuracy.size())},
+                                   {"test_accuracy", accuracy},
+                                   {"test_images", std::to_string(test_images)}});
+  return path;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,6 +225,10 @@ int main(int argc, char** argv) {
     if (std::find(config.mnist.modes.begin(), config.mnist.modes.end(), "gpu-amp") != config.mnist.modes.end() &&
         config.mnist.amp_precisions.empty())
       throw amplab::Error("mnist.amp_precisions is empty but mnist.modes has gpu-amp: list fp16-mixed and/or bf16-mixed");
+    if (!config.mnist.init_weights.empty()) {
+      mnist::Net probe;  // the file against the network, before a run directory is made for it
+      load_init_weights(probe, config.mnist.init_weights);
+    }
     const std::string config_yaml = amplab::to_yaml(config);
     amplab::RunDir run = amplab::RunDir::create(config.run, "mnist", config_yaml);
     amplab::apply_run_settings(config.run);
@@ -240,6 +284,13 @@ int main(int argc, char** argv) {
       if (channels_last) amplab::to_channels_last(*net);
       mnist::ResidentSplit train = mnist::make_resident(data.train, device, channels_last);
       mnist::ResidentSplit test = mnist::make_resident(data.test, device, channels_last);
+      if (!config.mnist.init_weights.empty() && !resuming) {
+        load_init_weights(net, config.mnist.init_weights);
+        auto e = mnist::evaluate(net, test, config.mnist.eval_batch_size, train_config.precision);
+        amplab::log::info("[" + mode.label() + "] weights from " + config.mnist.init_weights + "; before training: test accuracy " +
+                          amplab::fixed(e.accuracy, 4) + " (" + std::to_string(std::llround(e.accuracy * test.size())) + "/" +
+                          std::to_string(test.size()) + "), test loss " + amplab::fixed(e.loss, 4));
+      }
 
       amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config,
                               device, amplab::course_mechanisms(), config.memory);
@@ -278,6 +329,11 @@ int main(int argc, char** argv) {
         result.test_accuracy.push_back(epoch.eval.value("test_accuracy", 0.0));
       }
       if (fit.epochs.empty()) throw StopRun{amplab::kExitFailure, mode.label() + ": training ran no epoch"};
+      const std::string weights = save_weights(net, result, config.data.dataset, test.size(), run);
+      amplab::log::info("[" + mode.label() + "] weights: " + weights + " (safetensors; test accuracy " +
+                        amplab::fixed(result.test_accuracy.back(), 4) + " = " +
+                        std::to_string(std::llround(result.test_accuracy.back() * test.size())) + "/" +
+                        std::to_string(test.size()) + "; in Python: bench/eval_safetensors.py " + weights + ")");
       result.seconds_per_epoch = fit.epochs.back().seconds;
       result.samples_per_second = fit.epochs.back().samples_per_second;
       // A run resumed at its end trained nothing here: its memory was measured by the run that trained it.
