@@ -251,8 +251,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 }
 
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& name) {
+  // "safetensors file 'PATH' has ...", or "safetensors file 'PATH': tensor 'x' is ...".
   std::function<Error(const std::string&)> fail = [&](const std::string& what) {
-    return Error("safetensors file '" + name + "' " + what);
+    return Error("safetensors file '" + name + "'" + (what.rfind("tensor '", 0) == 0 ? ": " : " ") + what);
   };
   if (bytes.size() < 8)
     throw fail("is truncated: " + std::to_string(bytes.size()) + " bytes, less than the 8-byte header length");

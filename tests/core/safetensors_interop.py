@@ -8,7 +8,10 @@ bit for bit, both ways:
      what the C++ side held (which it prints), and the known bit patterns too.
   2. Python writes (safetensors.torch.save_file) the same kinds of tensors; the C++ side reads
      them (safetensors_tool read) and prints what it holds, which must equal Python's bytes.
-  3. pytorch/examples' MNIST Net (bench/mnist_reference.py) saved in Python loads into the C++
+  3. Bad files made by hand (a gap, an overlap, trailing bytes, a wrong byte count, offsets past
+     the data, a header longer than the file, bad JSON): the package refuses each, and so does
+     the C++ side (exit 2, one line naming the file), and both take the same file made well.
+  4. pytorch/examples' MNIST Net (bench/mnist_reference.py) saved in Python loads into the C++
      MnistNet under the same names (safetensors_tool mnist), and what C++ saves from that module
      loads back into the Python Net with load_state_dict(strict=True), equal to the bit.
 
@@ -26,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 try:
     import torch
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load, load_file, save_file
 except ImportError as e:
     sys.exit(f"error: {e}; Python's safetensors package goes into .venv with scripts/setup.sh")
 
@@ -48,8 +51,10 @@ def raw_bytes(t):
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def tool(args, *argv):
+def tool(args, *argv, expect_failure=False):
     out = subprocess.run([args.tool, *argv], capture_output=True, text=True)
+    if expect_failure:
+        return out
     if out.returncode != 0:
         sys.exit(f"error: {args.tool} {' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()}")
     return json.loads(out.stdout) if out.stdout.strip() else None
@@ -129,6 +134,44 @@ def python_writes_cpp_reads(args, tmp):
     check(held["metadata"] == metadata, f"Python -> C++: metadata {held['metadata']}")
 
 
+def hand_made(header, data):
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+def entry(dtype, shape, begin, end):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def both_refuse_bad_files(args, tmp):
+    good = hand_made({"a": entry("F32", [2], 0, 8), "b": entry("U8", [4], 8, 12)}, bytes(12))
+    bad = {
+        "a gap": hand_made({"a": entry("U8", [2], 2, 4)}, bytes(4)),
+        "an overlap": hand_made({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, bytes(12)),
+        "trailing bytes": hand_made({"a": entry("U8", [2], 0, 2)}, bytes(5)),
+        "a wrong byte count": hand_made({"a": entry("F16", [2, 3], 0, 24)}, bytes(24)),
+        "offsets past the data": hand_made({"a": entry("F32", [2], 0, 8)}, bytes(4)),
+        "a header longer than the file": (4351).to_bytes(8, "little") + b'{"a":1}',
+        "bad JSON": (6).to_bytes(8, "little") + b'{"a":{',
+    }
+    for what, data in [("a good file", good)] + list(bad.items()):
+        path = tmp / "hand.safetensors"
+        path.write_bytes(data)
+        try:
+            load(data)
+            python_ok = True
+        except Exception:  # the package raises SafetensorError, or its own error for a bad header
+            python_ok = False
+        out = tool(args, "read", str(path), expect_failure=True)
+        one_line = out.stderr.count("\n") == 1 and f"'{path}'" in out.stderr
+        cpp_ok = out.returncode == 0
+        if what == "a good file":
+            check(python_ok and cpp_ok, f"{what}: the package and the C++ side both read it")
+        else:
+            check(not python_ok and not cpp_ok and one_line,
+                  f"{what}: the package refuses it, and the C++ side in one line: {out.stderr.strip()}")
+
+
 def mnist_net_both_ways(args, tmp):
     torch.manual_seed(0)
     net = Net()
@@ -150,6 +193,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="amplab-safetensors-") as tmp:
         cpp_writes_python_reads(args, Path(tmp))
         python_writes_cpp_reads(args, Path(tmp))
+        both_refuse_bad_files(args, Path(tmp))
         mnist_net_both_ways(args, Path(tmp))
     if failures:
         print(f"{len(failures)} check(s) failed")
