@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 
-USER = "amplab-student"
+USER = "amplab-student"           # and amplab-student2: two tests run at once, each as a user of its own
 OUTPUT_KEPT = 256 * 1024          # bytes of a test's output kept at its start, and as many at its end
 VERDICT_KEPT = 1024 * 1024        # bytes of verdict lines read at most
 PROCESSES = 1024                  # processes and threads of the student's user at once
@@ -86,14 +86,14 @@ def token_header(value: str) -> str:
 class Sandbox:
     """The unprivileged user, the locked secrets, and one test run at a time."""
 
-    def __init__(self, secret_paths, memory_mb_default=8192):
+    def __init__(self, secret_paths, user=USER):
         self.isolated = os.geteuid() == 0
         self.secret_paths = [pathlib.Path(p) for p in secret_paths]
         self.saved_modes = {}
         self.uid = self.gid = None
         self.network_isolated = False
         if self.isolated:
-            self.uid, self.gid = ensure_user(USER)
+            self.uid, self.gid = ensure_user(user)
             # a network namespace of its own (loopback only, not the machine's) where the kernel
             # allows one; not in every container
             self.network_isolated = subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
@@ -282,11 +282,13 @@ class Sandbox:
                     pass
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in a forked child
+
+
 def enter_own_network():
     """A new network namespace with its loopback up: the test's processes can talk to each other
     (the DDP tests' rendezvous) but reach nothing outside."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET
+    if _LIBC.unshare(0x40000000) != 0:  # CLONE_NEWNET
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         iff_up, iff_loopback, iff_running = 0x1, 0x8, 0x40
