@@ -3,7 +3,8 @@
 # links: the other labs and the tests are built by scripts/test.sh):
 #   scripts/run.sh [LAB] [ARGS...]      LAB defaults to mnist; ARGS go to the lab binary
 #   scripts/run.sh mnist --set train.epochs=5
-# Labs: gpu_basics, amp_training, memory_optimization, mnist, ddp (see labs/<lab>/README.md).
+# Labs: gpu_basics, amp_training, memory_optimization, mnist, ddp, cuda_kernels, transformer_fp8
+# (see labs/<lab>/README.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -40,7 +40,7 @@ inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overla
 
 struct DdpBenchConfig {
   bool enabled = false;                           // time the MLP benchmark instead of training
-  int64_t width = 8192;                           // MLP of DESIGN.md: layers x Linear(width, width)
+  int64_t width = 8192;                           // the MLP of the AMP lab: layers x Linear(width, width)
   int64_t layers = 4;
   int64_t batch = 8192;                           // per rank
   amplab::Precision precision = amplab::Precision::bf16_mixed;

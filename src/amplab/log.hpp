@@ -1,5 +1,5 @@
 // Logging facade over spdlog. Only log.cpp includes spdlog: torch's headers bring fmt 12 and
-// Debian's spdlog needs fmt 9, so no translation unit may see both (DESIGN.md, "fmt clash").
+// Debian's spdlog needs fmt 9, so no translation unit may see both (README.md, "Build details").
 // Callers build messages with c10::str / std::to_string and pass finished strings.
 #pragma once
 

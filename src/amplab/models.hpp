@@ -45,7 +45,7 @@ struct LinearInPiecesImpl : torch::nn::Module {
 };
 TORCH_MODULE(LinearInPieces);
 
-// `layers` x (Linear(width, width) + ReLU): the compute-bound model of DESIGN.md's benchmarks
+// `layers` x (Linear(width, width) + ReLU): the compute-bound model of the AMP and DDP labs' benchmarks
 // (4 x Linear(8192, 8192)). With first_layer_pieces > 1 the first Linear is a LinearInPieces.
 torch::nn::Sequential make_mlp(int64_t width, int64_t layers, int64_t first_layer_pieces = 1);
 
