@@ -475,11 +475,12 @@ TEST(Transformer5_DelayedScaling, TinyGptLearnsWithDelayedScaling) {
 // ---- On a GPU ---------------------------------------------------------------------------------------
 
 // cuBLAS's FP8 matmul against the CPU's on the same fp8 operands. The products are exact in both,
-// but Hopper's FP8 tensor cores keep fewer bits than fp32 in their running sums: measured on an
-// H100, up to 1.1e-3 relative apart from the CPU's fp32 sums (forward, 798 of 3072 values beyond
-// 1e-4), 6e-4 for dL/dw. So the two are compared at 5e-3 relative: a wrong scale or layout is off
-// by far more. A GPU also enforces what the CPU lets pass: the second operand column-major, e5m2
-// x e5m2 refused.
+// but Hopper's FP8 tensor cores keep fewer bits than fp32 in their running sums, so the error
+// follows the size of the sums, not of each result: measured on an H100, up to 4.3e-4 apart where
+// the outputs reach about 0.4 (1.1e-3 of the largest), small outputs included. So the two are
+// compared at 5e-3 relative plus 2e-3 of the largest output: a wrong scale or layout is off by far
+// more. A GPU also enforces what the CPU lets pass: the second operand column-major, e5m2 x e5m2
+// refused.
 TEST(TransformerGpu, Fp8LinearOnTheGpuMatchesTheCpu_CUDA) {
   AMPLAB_REQUIRE_FP8_GPU();
   torch::Device gpu(torch::kCUDA, 0);
@@ -487,13 +488,15 @@ TEST(TransformerGpu, Fp8LinearOnTheGpuMatchesTheCpu_CUDA) {
   torch::Tensor xg = cpu.x.detach().to(gpu).requires_grad_(), wg = cpu.w.detach().to(gpu).requires_grad_();
   torch::Tensor y_cpu = lab::fp8_linear(cpu.x, cpu.w, cpu.x_scale, cpu.w_scale);
   torch::Tensor y_gpu = lab::fp8_linear(xg, wg, cpu.x_scale.to(gpu), cpu.w_scale.to(gpu));
-  EXPECT_TRUE(test::tensors_close(y_gpu.detach().cpu(), y_cpu.detach(), 5e-3, 1e-4)) << "forward";
+  EXPECT_TRUE(test::tensors_close(y_gpu.detach().cpu(), y_cpu.detach(), 5e-3,
+                                  2e-3 * y_cpu.detach().abs().max().item<double>()))
+      << "forward";
   torch::Tensor g = torch::randn({64, 48}) * 1e-3;
   y_cpu.backward(g);
   y_gpu.backward(g.to(gpu));
-  EXPECT_TRUE(test::tensors_close(xg.grad().cpu(), cpu.x.grad(), 5e-3, 1e-4 * cpu.x.grad().abs().max().item<double>()))
+  EXPECT_TRUE(test::tensors_close(xg.grad().cpu(), cpu.x.grad(), 5e-3, 2e-3 * cpu.x.grad().abs().max().item<double>()))
       << "dL/dx";
-  EXPECT_TRUE(test::tensors_close(wg.grad().cpu(), cpu.w.grad(), 5e-3, 1e-4 * cpu.w.grad().abs().max().item<double>()))
+  EXPECT_TRUE(test::tensors_close(wg.grad().cpu(), cpu.w.grad(), 5e-3, 2e-3 * cpu.w.grad().abs().max().item<double>()))
       << "dL/dw";
 }
 
