@@ -315,7 +315,7 @@ def has_schedule(args):
 
 def lr_factor(step, total_steps, schedule, warmup):
     """The factor of the base lr at optimizer step `step` (0-based) of a run of `total_steps` steps,
-    as the lab's scheduled_lr (src/amplab/trainer.cpp) and Hugging Face's
+    as the lab's scheduled_lr (src/amplab/train/trainer.cpp) and Hugging Face's
     get_linear_schedule_with_warmup: with W = floor(warmup * total_steps), step / W while
     step < W (step 0 trains with lr 0); then 1 (constant) or (total - step) / (total - W)
     (linear), which reaches 0 after the last step."""

@@ -20,17 +20,17 @@
 
 #include "amp_training.hpp"
 #include "mechanisms.hpp"
-#include "amplab/app.hpp"
-#include "amplab/device.hpp"
-#include "amplab/fits.hpp"
-#include "amplab/log.hpp"
-#include "amplab/memory.hpp"
-#include "amplab/plots.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/report.hpp"
-#include "amplab/run_dir.hpp"
-#include "amplab/table.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/infra/app.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/measure/fits.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/measure/memory.hpp"
+#include "amplab/report/plots.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/report/report.hpp"
+#include "amplab/report/run_dir.hpp"
+#include "amplab/report/table.hpp"
+#include "amplab/measure/timing.hpp"
 
 namespace {
 

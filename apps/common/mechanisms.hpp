@@ -5,7 +5,7 @@
 // the reference of every other lab.
 #pragma once
 
-#include "amplab/trainer.hpp"
+#include "amplab/train/trainer.hpp"
 
 namespace amplab {
 

@@ -18,16 +18,16 @@
 #include <set>
 #include <sstream>
 
-#include "amplab/app.hpp"
-#include "amplab/device.hpp"
-#include "amplab/env.hpp"
-#include "amplab/log.hpp"
-#include "amplab/plots.hpp"
-#include "amplab/report.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/run_dir.hpp"
-#include "amplab/table.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/infra/app.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/env.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/report/plots.hpp"
+#include "amplab/report/report.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/report/run_dir.hpp"
+#include "amplab/report/table.hpp"
+#include "amplab/measure/timing.hpp"
 #include "cuda_kernels.hpp"
 
 namespace {

@@ -15,20 +15,20 @@
 #include <mutex>
 #include <thread>
 
-#include "amplab/app.hpp"
+#include "amplab/infra/app.hpp"
 #include "amplab/data/mnist.hpp"
-#include "amplab/device.hpp"
+#include "amplab/infra/device.hpp"
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
-#include "amplab/files.hpp"
-#include "amplab/gpu_monitor.hpp"
-#include "amplab/log.hpp"
-#include "amplab/loop.hpp"
-#include "amplab/models.hpp"
-#include "amplab/plots.hpp"
-#include "amplab/report.hpp"
-#include "amplab/signals.hpp"
-#include "amplab/table.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/infra/files.hpp"
+#include "amplab/measure/gpu_monitor.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/train/loop.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/report/plots.hpp"
+#include "amplab/report/report.hpp"
+#include "amplab/infra/signals.hpp"
+#include "amplab/report/table.hpp"
+#include "amplab/measure/timing.hpp"
 #include "ddp_lab.hpp"
 #include "mechanisms.hpp"
 

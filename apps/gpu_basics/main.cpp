@@ -5,13 +5,13 @@
 
 #include <iostream>
 
-#include "amplab/app.hpp"
-#include "amplab/device.hpp"
-#include "amplab/log.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/report.hpp"
-#include "amplab/run_dir.hpp"
-#include "amplab/table.hpp"
+#include "amplab/infra/app.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/report/report.hpp"
+#include "amplab/report/run_dir.hpp"
+#include "amplab/report/table.hpp"
 #include "gpu_basics.hpp"
 
 namespace {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/loss_scaler.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/trainer.hpp"  // Trainer, TrainConfig, Batch, StepResult
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/train/loss_scaler.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/train/trainer.hpp"  // Trainer, TrainConfig, Batch, StepResult
 #include "grad_scaler.hpp"
 
 namespace amp_training {

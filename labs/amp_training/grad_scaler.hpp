@@ -1,6 +1,6 @@
 // Lab 2: your GradScaler (starter/amp_training/grad_scaler.cpp), torch.amp.GradScaler in C++.
 // The core's training loop, checkpoints and CUDA graphs use it through amplab::LossScaler
-// (src/amplab/loss_scaler.hpp); the tests replay PyTorch's own GradScaler on the same gradients
+// (src/amplab/train/loss_scaler.hpp); the tests replay PyTorch's own GradScaler on the same gradients
 // and expect your scale, growth tracker, skips and parameters to the last bit.
 //
 // Why it exists (README.md has the whole story): fp16 flushes values below ~6e-8 to zero, and
@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <map>
 
-#include "amplab/fused_optimizer.hpp"
-#include "amplab/loss_scaler.hpp"
+#include "amplab/fast/fused_optimizer.hpp"
+#include "amplab/train/loss_scaler.hpp"
 
 namespace amp_training {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 #include "kernels.hpp"
 
 namespace cuda_kernels {

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
 #include "kernels.hpp"
 
 namespace cuda_kernels {

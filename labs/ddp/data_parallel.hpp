@@ -7,7 +7,7 @@
 //                          them, no_sync for accumulation, unused parameters   (ddp-8, ddp-9, ddp-10)
 //           and its fast path, the stretch: bf16 compression                         (ddp-11)
 //
-// Every version is an amplab::GradientSync (src/amplab/trainer.hpp): the trainer calls
+// Every version is an amplab::GradientSync (src/amplab/train/trainer.hpp): the trainer calls
 // before_forward() and before_backward(loss, reduce_after_this) around each micro-batch, and
 // finish() once backward is done and before the optimizer step; after finish() every trainable
 // parameter's .grad holds the average of the ranks' gradients, the same bits on every rank. The
@@ -40,8 +40,8 @@
 
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/trainer.hpp"
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/train/trainer.hpp"
 
 namespace ddp_lab {
 

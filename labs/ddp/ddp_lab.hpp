@@ -14,8 +14,8 @@
 #include "amplab/data/sampler.hpp"
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/run_dir.hpp"
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/report/run_dir.hpp"
 #include "data_parallel.hpp"
 
 namespace ddp_lab {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/timing.hpp"
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/measure/timing.hpp"
 
 namespace gpu_basics {
 

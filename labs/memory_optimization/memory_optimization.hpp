@@ -17,12 +17,12 @@
 #include <utility>
 #include <vector>
 
-#include "amplab/config.hpp"             // Range (BatchFinderConfig's fields)
-#include "amplab/error.hpp"              // AMPLAB_TODO in the starter
-#include "amplab/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1)
-#include "amplab/precision.hpp"
-#include "amplab/trainer.hpp"            // Trainer, Batch, MicroBatches, LossFn
-#include "amplab/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
+#include "amplab/infra/config.hpp"             // Range (BatchFinderConfig's fields)
+#include "amplab/infra/error.hpp"              // AMPLAB_TODO in the starter
+#include "amplab/measure/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1)
+#include "amplab/train/precision.hpp"
+#include "amplab/train/trainer.hpp"            // Trainer, Batch, MicroBatches, LossFn
+#include "amplab/state/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
 
 namespace memory_optimization {
 

@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "amplab/data/mnist.hpp"
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/memory.hpp"
-#include "amplab/models.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/trainer.hpp"
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/measure/memory.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/train/trainer.hpp"
 
 namespace mnist {
 
-// Given: the network of pytorch/examples' mnist/main.py (src/amplab/models.hpp). Input
+// Given: the network of pytorch/examples' mnist/main.py (src/amplab/models/models.hpp). Input
 // (N, 1, 28, 28), output (N, 10) log-probabilities.
 using Net = amplab::MnistNet;
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "amplab/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
 
 namespace transformer_fp8 {
 

@@ -5,8 +5,8 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "amplab/error.hpp"
-#include "amplab/grad_clip.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/train/grad_clip.hpp"
 
 namespace amp_training {
 

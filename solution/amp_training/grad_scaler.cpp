@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amp_training {
 

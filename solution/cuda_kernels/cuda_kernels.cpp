@@ -7,7 +7,7 @@
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace cuda_kernels {
 

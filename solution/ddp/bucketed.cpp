@@ -28,7 +28,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "amplab/log.hpp"
+#include "amplab/infra/log.hpp"
 #include "data_parallel.hpp"
 
 namespace ddp_lab {

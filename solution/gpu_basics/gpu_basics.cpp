@@ -7,10 +7,10 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
 
-#include "amplab/device.hpp"
-#include "amplab/env.hpp"
-#include "amplab/error.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/env.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/train/precision.hpp"
 
 namespace gpu_basics {
 

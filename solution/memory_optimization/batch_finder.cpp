@@ -3,8 +3,8 @@
 #include <cmath>
 #include <tuple>
 
-#include "amplab/device.hpp"
-#include "amplab/error.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/error.hpp"
 #include "memory_optimization.hpp"
 
 namespace memory_optimization {

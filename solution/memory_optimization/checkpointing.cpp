@@ -11,8 +11,8 @@
 #include <mutex>
 #include <optional>
 
-#include "amplab/error.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/train/precision.hpp"
 #include "memory_optimization.hpp"
 
 namespace memory_optimization {

@@ -1,5 +1,5 @@
 // Given code of the MNIST lab (no TODOs here): the loss, the modes, evaluation. The network is
-// amplab::MnistNet (src/amplab/models.hpp).
+// amplab::MnistNet (src/amplab/models/models.hpp).
 #include "mnist.hpp"
 
 namespace mnist {

@@ -2,8 +2,8 @@
 #include "mnist.hpp"
 
 #include "amplab/data/mnist.hpp"
-#include "amplab/device.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/train/precision.hpp"
 
 namespace mnist {
 

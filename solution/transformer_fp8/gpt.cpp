@@ -13,9 +13,9 @@
 #include <limits>
 #include <set>
 
-#include "amplab/env.hpp"
-#include "amplab/error.hpp"
-#include "amplab/files.hpp"
+#include "amplab/infra/env.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/files.hpp"
 
 namespace transformer_fp8 {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <string>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace transformer_fp8 {
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amp_training {
 

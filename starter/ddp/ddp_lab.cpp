@@ -5,8 +5,8 @@
 // overlapped.cpp, bucketed.cpp (and data_parallel.cpp, what they share).
 #include "ddp_lab.hpp"
 
-#include "amplab/device.hpp"
-#include "amplab/log.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/log.hpp"
 
 namespace ddp_lab {
 

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <tuple>
 
-#include "amplab/device.hpp"
-#include "amplab/error.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/measure/timing.hpp"
 
 namespace memory_optimization {
 

@@ -1,7 +1,7 @@
 // Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
 // fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
 // Given code of the MNIST lab (no TODOs here): the loss, the modes, evaluation. The network is
-// amplab::MnistNet (src/amplab/models.hpp).
+// amplab::MnistNet (src/amplab/models/models.hpp).
 #include "mnist.hpp"
 
 namespace mnist {

@@ -9,9 +9,9 @@
 #include <csignal>
 #include <filesystem>
 
-#include "amplab/append_file.hpp"
-#include "amplab/checkpoint.hpp"
-#include "amplab/files.hpp"
+#include "amplab/infra/append_file.hpp"
+#include "amplab/state/checkpoint.hpp"
+#include "amplab/infra/files.hpp"
 #include "grad_scaler.hpp"  // lab 2's (the reference here)
 #include "support.hpp"
 

@@ -3,10 +3,10 @@
 
 #include <random>
 
-#include "amplab/config.hpp"
-#include "amplab/run_dir.hpp"
-#include "amplab/config_json.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/report/run_dir.hpp"
+#include "amplab/infra/config_json.hpp"
+#include "amplab/train/precision.hpp"
 #include "support.hpp"
 
 namespace amplab {

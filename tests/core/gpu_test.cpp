@@ -6,16 +6,16 @@
 
 #include <ATen/ops/_fused_adamw.h>
 
-#include "amplab/cuda/fused_adamw_launch.hpp"
-#include "amplab/fused_layers.hpp"
-#include "amplab/models.hpp"
-#include "amplab/cuda_graph.hpp"
-#include "amplab/device.hpp"
-#include "amplab/gpu_monitor.hpp"
-#include "amplab/memory.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/timing.hpp"
-#include "amplab/trainer.hpp"
+#include "amplab/fast/cuda/fused_adamw_launch.hpp"
+#include "amplab/fast/fused_layers.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/fast/cuda_graph.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/measure/gpu_monitor.hpp"
+#include "amplab/measure/memory.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/measure/timing.hpp"
+#include "amplab/train/trainer.hpp"
 #include "mechanisms.hpp"
 #include "support.hpp"
 

@@ -9,11 +9,11 @@
 
 #include <fstream>
 
-#include "amplab/training_snapshot.hpp"
-#include "amplab/error.hpp"
-#include "amplab/fits.hpp"
-#include "amplab/memory.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/state/training_snapshot.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/measure/fits.hpp"
+#include "amplab/measure/memory.hpp"
+#include "amplab/train/precision.hpp"
 #include "support.hpp"
 
 namespace amplab {

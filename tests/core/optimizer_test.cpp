@@ -9,12 +9,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "amplab/error.hpp"
-#include "amplab/fused_adamw.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/fast/fused_adamw.hpp"
 #if AMPLAB_WITH_CUDA
-#include "amplab/cuda/fused_adamw_launch.hpp"
+#include "amplab/fast/cuda/fused_adamw_launch.hpp"
 #endif
-#include "amplab/trainer.hpp"
+#include "amplab/train/trainer.hpp"
 #include "grad_scaler.hpp"  // lab 2's (the reference here)
 #include "support.hpp"
 

@@ -8,8 +8,8 @@
 
 #include <cmath>
 
-#include "amplab/grad_clip.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/train/grad_clip.hpp"
+#include "amplab/train/precision.hpp"
 #include "support.hpp"
 
 namespace amplab {

@@ -13,9 +13,9 @@
 #include <random>
 #include <thread>
 
-#include "amplab/checkpoint.hpp"
+#include "amplab/state/checkpoint.hpp"
 #include "amplab/data/idx.hpp"
-#include "amplab/files.hpp"
+#include "amplab/infra/files.hpp"
 #include "process.hpp"
 #include "support.hpp"
 

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <string>
 
-#include "amplab/report.hpp"
+#include "amplab/report/report.hpp"
 
 namespace {
 

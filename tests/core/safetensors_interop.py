@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Our safetensors files (src/amplab/safetensors.hpp) against Python's own safetensors package,
+"""Our safetensors files (src/amplab/state/safetensors.hpp) against Python's own safetensors package,
 bit for bit, both ways:
 
   1. C++ writes (safetensors_tool write): every dtype with NaN payloads, -0.0, subnormals, integer

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "amplab/safetensors.hpp"
+#include "amplab/state/safetensors.hpp"
 
 namespace amplab::test {
 

@@ -1,4 +1,4 @@
-// The safetensors format (src/amplab/safetensors.hpp): every dtype bit for bit, metadata, modules
+// The safetensors format (src/amplab/state/safetensors.hpp): every dtype bit for bit, metadata, modules
 // under the names PyTorch gives them, and each kind of bad file refused in one line naming the
 // file. Python's own package reading our files, and ours reading its: safetensors_interop.py.
 #include <gtest/gtest.h>
@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "amplab/error.hpp"
-#include "amplab/files.hpp"
-#include "amplab/models.hpp"
-#include "amplab/safetensors.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/files.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/state/safetensors.hpp"
 #include "safetensors_samples.hpp"
 #include "support.hpp"
 

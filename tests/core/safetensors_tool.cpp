@@ -10,9 +10,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "amplab/error.hpp"
-#include "amplab/models.hpp"
-#include "amplab/safetensors.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/state/safetensors.hpp"
 #include "safetensors_samples.hpp"
 
 namespace {

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "amplab/gpu_monitor.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/measure/gpu_monitor.hpp"
+#include "amplab/measure/timing.hpp"
 
 namespace amplab {
 namespace {

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "amplab/checkpoint.hpp"
-#include "amplab/loop.hpp"
-#include "amplab/signals.hpp"
-#include "amplab/trainer.hpp"
+#include "amplab/state/checkpoint.hpp"
+#include "amplab/train/loop.hpp"
+#include "amplab/infra/signals.hpp"
+#include "amplab/train/trainer.hpp"
 #include "mechanisms.hpp"  // the labs' GradScaler, step and accumulation (the reference here)
 #include "support.hpp"
 

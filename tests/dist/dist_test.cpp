@@ -18,12 +18,12 @@
 #include <functional>
 #include <map>
 
-#include "amplab/config.hpp"
+#include "amplab/infra/config.hpp"
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
-#include "amplab/error.hpp"
-#include "amplab/models.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/models/models.hpp"
+#include "amplab/train/precision.hpp"
 #include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
 #include "process.hpp"
 #include "support.hpp"

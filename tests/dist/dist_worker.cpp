@@ -14,12 +14,12 @@
 #include <optional>
 #include <thread>
 
-#include "amplab/app.hpp"
+#include "amplab/infra/app.hpp"
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
-#include "amplab/error.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/trainer.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/train/trainer.hpp"
 #include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
 #include "mechanisms.hpp"
 #include "support.hpp"

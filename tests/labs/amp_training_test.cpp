@@ -21,9 +21,9 @@
 #include <limits>
 
 #include "amp_training.hpp"
-#include "amplab/fused_sgd.hpp"
-#include "amplab/grad_clip.hpp"
-#include "amplab/trainer.hpp"
+#include "amplab/fast/fused_sgd.hpp"
+#include "amplab/train/grad_clip.hpp"
+#include "amplab/train/trainer.hpp"
 #include "grad_scaler.hpp"
 #include "mechanisms.hpp"
 #include "support.hpp"

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "amplab/error.hpp"
-#include "amplab/precision.hpp"
-#include "amplab/timing.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/measure/timing.hpp"
 #include "cuda_kernels.hpp"
 #include "support.hpp"
 

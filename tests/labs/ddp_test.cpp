@@ -23,7 +23,7 @@
 #include <thread>
 
 #include "amplab/data/idx.hpp"
-#include "amplab/precision.hpp"
+#include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
 #include "mechanisms.hpp"
 #include "process.hpp"

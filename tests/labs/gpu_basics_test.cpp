@@ -10,7 +10,7 @@
 #include <chrono>
 #include <thread>
 
-#include "amplab/env.hpp"
+#include "amplab/infra/env.hpp"
 #include "gpu_basics.hpp"
 #include "support.hpp"
 

@@ -15,8 +15,8 @@
 
 #include <torch/csrc/autograd/function_hook.h>
 
-#include "amplab/device.hpp"
-#include "amplab/memory.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/measure/memory.hpp"
 #include "memory_optimization.hpp"
 #include "mechanisms.hpp"
 #include "support.hpp"

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "amplab/data/mnist.hpp"
-#include "amplab/loop.hpp"
+#include "amplab/train/loop.hpp"
 #include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "support.hpp"

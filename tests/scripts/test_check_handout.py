@@ -59,9 +59,9 @@ class CheckHandout(unittest.TestCase):
     def test_solution_lines_in_the_core_are_found(self):
         lines = fence_lines(ROOT / "solution" / "amp_training" / "grad_scaler.cpp")
         self.assertGreaterEqual(len(lines), 3)
-        result = self.planted("src/amplab/timing.cpp", "\n".join(lines[:3]))
+        result = self.planted("src/amplab/measure/timing.cpp", "\n".join(lines[:3]))
         self.assertEqual(result.returncode, 1)
-        self.assertIn("src/amplab/timing.cpp", result.stdout)
+        self.assertIn("src/amplab/measure/timing.cpp", result.stdout)
         self.assertIn("solution/amp_training/grad_scaler.cpp", result.stdout)
 
     def test_solution_lines_in_a_readme_are_found(self):
@@ -71,14 +71,14 @@ class CheckHandout(unittest.TestCase):
         self.assertIn("labs/memory_optimization/README.md", result.stdout)
 
     def test_a_mechanism_defined_in_the_core_is_found(self):
-        result = self.planted("src/amplab/timing.cpp", "class GradScaler {};")
+        result = self.planted("src/amplab/measure/timing.cpp", "class GradScaler {};")
         self.assertEqual(result.returncode, 1)
         self.assertIn("the GradScaler", result.stdout)
-        result = self.planted("src/amplab/timing.cpp", "class BucketedDdp;")
+        result = self.planted("src/amplab/measure/timing.cpp", "class BucketedDdp;")
         self.assertIn("DDP's gradient synchronization", result.stdout)
 
     def test_the_core_including_a_lab_is_found(self):
-        result = self.planted("src/amplab/timing.cpp", '#include "ddp_lab.hpp"')
+        result = self.planted("src/amplab/measure/timing.cpp", '#include "ddp_lab.hpp"')
         self.assertEqual(result.returncode, 1)
         self.assertIn("includes a lab's header", result.stdout)
 

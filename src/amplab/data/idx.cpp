@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "amplab/error.hpp"
-#include "amplab/paths.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/paths.hpp"
 
 namespace amplab {
 

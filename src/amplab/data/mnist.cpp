@@ -4,8 +4,8 @@
 #include <filesystem>
 
 #include "amplab/data/idx.hpp"
-#include "amplab/env.hpp"
-#include "amplab/error.hpp"
+#include "amplab/infra/env.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amplab {
 

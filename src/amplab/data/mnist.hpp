@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "amplab/config.hpp"
-#include "amplab/paths.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/infra/paths.hpp"
 
 namespace amplab {
 

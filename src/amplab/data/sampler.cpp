@@ -3,7 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amplab {
 

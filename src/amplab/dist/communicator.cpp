@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "amplab/dist/backends.hpp"
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amplab::dist {
 

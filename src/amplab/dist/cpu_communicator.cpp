@@ -23,7 +23,7 @@
 
 #include "amplab/dist/backends.hpp"
 #include "amplab/dist/rendezvous.hpp"
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amplab::dist::detail {
 

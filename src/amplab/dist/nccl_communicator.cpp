@@ -27,8 +27,8 @@
 
 #include "amplab/dist/backends.hpp"
 #include "amplab/dist/rendezvous.hpp"
-#include "amplab/error.hpp"
-#include "amplab/log.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/log.hpp"
 
 namespace amplab::dist::detail {
 

@@ -11,8 +11,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "amplab/error.hpp"
-#include "amplab/signals.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/signals.hpp"
 
 namespace amplab::dist::detail {
 

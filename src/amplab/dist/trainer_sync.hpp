@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "amplab/dist/communicator.hpp"
-#include "amplab/loop.hpp"
+#include "amplab/train/loop.hpp"
 
 namespace amplab::dist {
 

@@ -5,7 +5,7 @@
 #include <limits>
 #include <optional>
 
-#include "amplab/error.hpp"
+#include "amplab/infra/error.hpp"
 
 namespace amplab::dist {
 

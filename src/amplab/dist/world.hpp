@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "amplab/config.hpp"
+#include "amplab/infra/config.hpp"
 
 namespace amplab::dist {
 

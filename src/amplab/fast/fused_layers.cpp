@@ -1,0 +1,110 @@
+#include "amplab/fast/fused_layers.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+#include <torch/nn/functional/conv.h>
+#include <torch/nn/functional/pooling.h>
+
+#if AMPLAB_WITH_CUDA
+#include "amplab/fast/cuda/layer_kernels.hpp"
+#endif
+
+namespace amplab {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The dtype a layer computes in: autocast's on a GPU where it is on, else the tensor's own.
+torch::ScalarType compute_dtype(const torch::Tensor& t) {
+  if (t.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) && t.is_floating_point())
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  return t.scalar_type();
+}
+
+#if AMPLAB_WITH_CUDA
+// x needs no gradient (images): only the weight's and the bias's are computed.
+struct Conv3x3BiasRelu : torch::autograd::Function<Conv3x3BiasRelu> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+    torch::Tensor y = cuda::conv3x3_bias_relu_forward(x, weight, bias);
+    ctx->save_for_backward({y, x, weight});
+    return y;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [grad_weight, grad_bias] = cuda::conv3x3_bias_relu_backward(grads[0], saved[0], saved[1], saved[2]);
+    return {torch::Tensor(), grad_weight, grad_bias};
+  }
+};
+
+struct BiasReluMaxPool2 : torch::autograd::Function<BiasReluMaxPool2> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias) {
+    ctx->save_for_backward({x, bias});  // the backward finds each window's maximum again
+    return cuda::bias_relu_max_pool2_forward(x, bias);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [grad_x, grad_bias] = cuda::bias_relu_max_pool2_backward(grads[0], saved[0], saved[1]);
+    return {grad_x, grad_bias};
+  }
+};
+#endif
+
+// The tensors a layer hands its kernel (weight and bias cast as autocast would cast them for the
+// layer), and whether our kernel takes them.
+struct ConvCall {
+  torch::Tensor weight, bias;
+  bool fused = false;
+};
+
+ConvCall conv_call(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const auto dtype = compute_dtype(weight);
+  ConvCall call{weight.to(dtype).contiguous(), bias.to(dtype)};
+#if AMPLAB_WITH_CUDA
+  call.fused = !x.requires_grad() && cuda::conv3x3_bias_relu_supported(x, call.weight, call.bias);  // x's gradient: not ours
+#endif
+  return call;
+}
+
+struct PoolCall {
+  torch::Tensor bias;
+  bool fused = false;
+};
+
+PoolCall pool_call(const torch::Tensor& x, const torch::Tensor& bias) {
+  PoolCall call{bias.to(x.scalar_type())};  // as autocast casts the layer's bias
+#if AMPLAB_WITH_CUDA
+  call.fused = cuda::bias_relu_max_pool2_supported(x, call.bias);
+#endif
+  return call;
+}
+
+}  // namespace
+
+bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  return conv_call(x, weight, bias).fused;
+}
+
+bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) { return pool_call(x, bias).fused; }
+
+torch::Tensor conv3x3_bias_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  ConvCall call = conv_call(x, weight, bias);
+#if AMPLAB_WITH_CUDA
+  if (call.fused) return Conv3x3BiasRelu::apply(x, call.weight, call.bias);
+#endif
+  return torch::relu(torch::conv2d(x, weight, bias));
+}
+
+torch::Tensor bias_relu_max_pool2(const torch::Tensor& x, const torch::Tensor& bias) {
+  PoolCall call = pool_call(x, bias);
+#if AMPLAB_WITH_CUDA
+  if (call.fused) return BiasReluMaxPool2::apply(x, call.bias);
+#endif
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[1] = call.bias.size(0);
+  return torch::max_pool2d(torch::relu(x + call.bias.view(shape)), /*kernel_size=*/2);
+}
+
+}  // namespace amplab

@@ -1,0 +1,445 @@
+#include "amplab/state/checkpoint.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/api/include/torch/version.h>
+#include <torch/serialize/archive.h>
+#include <torch/torch.h>
+
+#ifdef AMPLAB_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "amplab/infra/error.hpp"
+#include "amplab/infra/files.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/infra/paths.hpp"
+
+namespace amplab {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'A', 'M', 'P', 'L', 'A', 'B', 'C', 'K'};
+constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;  // magic, version, payload length, CRC-32
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const std::string& in, size_t offset, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[offset + i])) << (8 * i);
+  return v;
+}
+
+const char* optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return "sgd";
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return "adamw";
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return "adam";
+  return "other";
+}
+
+int64_t parameter_count(const torch::optim::Optimizer& optimizer) {
+  int64_t n = 0;
+  for (const auto& group : optimizer.param_groups()) n += static_cast<int64_t>(group.params().size());
+  return n;
+}
+
+std::string shape_string(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+// The model's parameters, then its buffers, in registration order, with prefixed names.
+std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : model.named_parameters(true)) out.emplace_back("param:" + item.key(), item.value());
+  for (const auto& item : model.named_buffers(true)) out.emplace_back("buffer:" + item.key(), item.value());
+  return out;
+}
+
+int cuda_generator_count() {
+#ifdef AMPLAB_WITH_CUDA
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+#else
+  return 0;
+#endif
+}
+
+// Reads the header, checks it against the file's size, then reads exactly the payload it
+// announces: a device, a FIFO or a huge sparse file is refused before anything is read from it.
+std::string read_checkpoint_bytes(const std::string& path, uint32_t& version, uint32_t& crc) {
+  if (std::string problem = regular_file_problem(path); !problem.empty())
+    throw Error("checkpoint '" + path + "' " + problem);
+  std::ifstream in(path, std::ios::binary);
+  std::string header(kHeaderSize, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(kHeaderSize));
+  if (static_cast<size_t>(in.gcount()) < kHeaderSize || std::memcmp(header.data(), kMagic, sizeof kMagic) != 0)
+    throw Error("checkpoint '" + path + "' is not an amplab checkpoint (no AMPLABCK header; a PyTorch .pt file "
+                "or another file?)");
+  version = static_cast<uint32_t>(get_le(header, 8, 4));
+  uint64_t length = get_le(header, 12, 8);
+  crc = static_cast<uint32_t>(get_le(header, 20, 4));
+  if (version != kCheckpointFormatVersion)
+    throw Error("checkpoint '" + path + "' has format version " + std::to_string(version) + "; this build reads version " +
+                std::to_string(kCheckpointFormatVersion) + (version > kCheckpointFormatVersion ? " (written by a newer amplab)" : ""));
+  std::error_code ec;
+  uint64_t actual = fs::file_size(path, ec) - kHeaderSize;
+  if (ec || actual != length)
+    throw Error("checkpoint '" + path + "' is " + (actual < length ? "truncated" : "too long") + ": header promises " +
+                std::to_string(length) + " bytes of data, file has " + std::to_string(actual));
+  std::string payload(length, '\0');
+  in.read(payload.data(), static_cast<std::streamsize>(length));
+  if (static_cast<uint64_t>(in.gcount()) != length)
+    throw Error("checkpoint '" + path + "' is truncated: header promises " + std::to_string(length) +
+                " bytes of data, " + std::to_string(in.gcount()) + " could be read");
+  return payload;
+}
+
+// Verifies the file: header, length, checksum, version. Returns the payload.
+std::string verified_payload(const std::string& path) {
+  uint32_t version = 0, crc = 0;
+  std::string payload = read_checkpoint_bytes(path, version, crc);
+  uint32_t computed = crc32_of(payload);
+  if (computed != crc)
+    throw Error("checkpoint '" + path + "' is corrupt: checksum " + hex32(computed) + " does not match the recorded " +
+                hex32(crc) + " (bit rot or an interrupted copy); use an older checkpoint");
+  return payload;
+}
+
+template <class T>
+T read_scalar(torch::serialize::InputArchive& archive, const std::string& key, const std::string& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) throw Error("checkpoint '" + path + "' lacks '" + key + "'");
+  if constexpr (std::is_same_v<T, std::string>) return value.toStringRef();
+  else if constexpr (std::is_same_v<T, double>) return value.toDouble();
+  else if constexpr (std::is_same_v<T, bool>) return value.toBool();
+  else return static_cast<T>(value.toInt());
+}
+
+CheckpointInfo read_info(torch::serialize::InputArchive& archive, const std::string& path) {
+  CheckpointInfo info;
+  info.format_version = read_scalar<uint32_t>(archive, "meta_format_version", path);
+  info.torch_version = read_scalar<std::string>(archive, "meta_torch_version", path);
+  info.lab = read_scalar<std::string>(archive, "meta_lab", path);
+  info.tag = read_scalar<std::string>(archive, "meta_tag", path);
+  info.config_yaml = read_scalar<std::string>(archive, "meta_config", path);
+  info.extra_json = read_scalar<std::string>(archive, "meta_extra", path);
+  info.position.epoch = read_scalar<int64_t>(archive, "position_epoch", path);
+  info.position.next_batch = read_scalar<int64_t>(archive, "position_next_batch", path);
+  info.position.global_step = read_scalar<int64_t>(archive, "position_global_step", path);
+  info.position.data_seed = static_cast<uint64_t>(read_scalar<int64_t>(archive, "position_data_seed", path));
+  // Written since the position is counted in samples; older files lack them (0: derived on resume).
+  c10::IValue value;
+  if (archive.try_read("position_samples", value)) info.position.samples = value.toInt();
+  if (archive.try_read("position_world_size", value)) info.position.world_size = value.toInt();
+  if (archive.try_read("meta_loop", value)) info.loop_json = value.toStringRef();
+  return info;
+}
+
+torch::serialize::InputArchive open_archive(const std::string& payload, const std::string& path) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(payload.data(), payload.size());
+  } catch (const c10::Error& e) {
+    throw Error("checkpoint '" + path + "' cannot be read as an archive: " +
+                std::string(e.what_without_backtrace()).substr(0, 200));
+  }
+  return archive;
+}
+
+}  // namespace
+
+std::string serialize_checkpoint(const TrainingState& state, const CheckpointInfo& info) {
+  torch::serialize::OutputArchive archive;
+  archive.write("meta_format_version", c10::IValue(static_cast<int64_t>(kCheckpointFormatVersion)));
+  archive.write("meta_torch_version", c10::IValue(std::string(TORCH_VERSION)));
+  archive.write("meta_lab", c10::IValue(info.lab));
+  archive.write("meta_tag", c10::IValue(info.tag));
+  archive.write("meta_config", c10::IValue(info.config_yaml));
+  archive.write("meta_extra", c10::IValue(info.extra_json));
+  archive.write("position_epoch", c10::IValue(info.position.epoch));
+  archive.write("position_next_batch", c10::IValue(info.position.next_batch));
+  archive.write("position_global_step", c10::IValue(info.position.global_step));
+  archive.write("position_data_seed", c10::IValue(static_cast<int64_t>(info.position.data_seed)));
+  archive.write("position_samples", c10::IValue(info.position.samples));
+  archive.write("position_world_size", c10::IValue(info.position.world_size));
+  archive.write("meta_loop", c10::IValue(info.loop_json));
+
+  // Model: a list of names, then each tensor (moved to the CPU so that a checkpoint written on a
+  // GPU loads anywhere).
+  auto tensors = model_tensors(state.model);
+  std::string names;
+  for (const auto& [name, t] : tensors) names += name + "\n";
+  archive.write("model_names", c10::IValue(names));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    archive.write("model_t" + std::to_string(i), tensors[i].second.detach().cpu(), /*is_buffer=*/true);
+
+  archive.write("optimizer_kind", c10::IValue(std::string(optimizer_kind(state.optimizer))));
+  archive.write("optimizer_parameters", c10::IValue(parameter_count(state.optimizer)));
+  torch::serialize::OutputArchive optimizer_archive;
+  state.optimizer.save(optimizer_archive);
+  archive.write("optimizer_state", optimizer_archive);
+
+  archive.write("scaler_enabled", c10::IValue(state.scaler.is_enabled()));
+  if (state.scaler.is_enabled()) {
+    GradScalerState s = state.scaler.state();
+    archive.write("scaler_scale", c10::IValue(s.scale));
+    archive.write("scaler_growth_factor", c10::IValue(s.growth_factor));
+    archive.write("scaler_backoff_factor", c10::IValue(s.backoff_factor));
+    archive.write("scaler_growth_interval", c10::IValue(s.growth_interval));
+    archive.write("scaler_growth_tracker", c10::IValue(s.growth_tracker));
+  }
+
+  archive.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state(), true);
+  int cuda_count = cuda_generator_count();
+  archive.write("rng_cuda_count", c10::IValue(static_cast<int64_t>(cuda_count)));
+#ifdef AMPLAB_WITH_CUDA
+  for (int i = 0; i < cuda_count; ++i)
+    archive.write("rng_cuda" + std::to_string(i), at::cuda::detail::getDefaultCUDAGenerator(i).get_state(), true);
+#endif
+
+  std::ostringstream body;
+  archive.save_to(body);
+  std::string payload = body.str();
+  std::string file(kMagic, sizeof kMagic);
+  put_le(file, kCheckpointFormatVersion, 4);
+  put_le(file, payload.size(), 8);
+  put_le(file, crc32_of(payload), 4);
+  return file + payload;
+}
+
+void save_checkpoint(const std::string& path, const TrainingState& state, const CheckpointInfo& info) {
+  write_file_atomic(path, serialize_checkpoint(state, info));
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  std::string payload = verified_payload(path);
+  auto archive = open_archive(payload, path);
+  return read_info(archive, path);
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, const std::string& expected_lab,
+                               bool restore_rng) {
+  std::string payload = verified_payload(path);
+  auto archive = open_archive(payload, path);
+  CheckpointInfo info = read_info(archive, path);
+  if (!expected_lab.empty() && info.lab != expected_lab)
+    throw Error("checkpoint '" + path + "' was written by the " + info.lab + " lab, not " + expected_lab);
+  if (info.torch_version != TORCH_VERSION)
+    log::warn("checkpoint '" + path + "' was written with torch " + info.torch_version + ", this is " + TORCH_VERSION);
+
+  // 1. Verify: every model tensor present with the same name and shape, same optimizer kind.
+  auto tensors = model_tensors(state.model);
+  std::vector<std::string> stored_names;
+  {
+    std::istringstream in(read_scalar<std::string>(archive, "model_names", path));
+    for (std::string line; std::getline(in, line);) stored_names.push_back(line);
+  }
+  std::vector<torch::Tensor> stored(stored_names.size());
+  for (size_t i = 0; i < stored_names.size(); ++i) {
+    if (!archive.try_read("model_t" + std::to_string(i), stored[i], /*is_buffer=*/true))
+      throw Error("checkpoint '" + path + "' lacks tensor '" + stored_names[i] + "'");
+  }
+  for (size_t i = 0; i < std::max(tensors.size(), stored_names.size()); ++i) {
+    if (i >= stored_names.size())
+      throw Error("checkpoint '" + path + "' does not match the model: it lacks '" + tensors[i].first + "' " +
+                  shape_string(tensors[i].second));
+    if (i >= tensors.size())
+      throw Error("checkpoint '" + path + "' does not match the model: it has '" + stored_names[i] +
+                  "', which the model does not");
+    if (stored_names[i] != tensors[i].first)
+      throw Error("checkpoint '" + path + "' does not match the model: tensor " + std::to_string(i) + " is '" +
+                  stored_names[i] + "' in the checkpoint, '" + tensors[i].first + "' in the model");
+    if (stored[i].sizes() != tensors[i].second.sizes() || stored[i].scalar_type() != tensors[i].second.scalar_type())
+      throw Error("checkpoint '" + path + "' does not match the model: '" + stored_names[i] + "' is " +
+                  shape_string(stored[i]) + " " + std::string(c10::toString(stored[i].scalar_type())) +
+                  " in the checkpoint, " + shape_string(tensors[i].second) + " " +
+                  std::string(c10::toString(tensors[i].second.scalar_type())) + " in the model");
+  }
+  std::string kind = read_scalar<std::string>(archive, "optimizer_kind", path);
+  if (kind != optimizer_kind(state.optimizer))
+    throw Error("checkpoint '" + path + "' holds " + kind + " optimizer state; this run uses " +
+                optimizer_kind(state.optimizer) + " (train.optimizer.name)");
+  if (read_scalar<int64_t>(archive, "optimizer_parameters", path) != parameter_count(state.optimizer))
+    throw Error("checkpoint '" + path + "' holds optimizer state for a different number of parameters");
+  bool scaler_enabled = read_scalar<bool>(archive, "scaler_enabled", path);
+  GradScalerState scaler_state;
+  if (scaler_enabled) {
+    scaler_state.scale = read_scalar<double>(archive, "scaler_scale", path);
+    scaler_state.growth_factor = read_scalar<double>(archive, "scaler_growth_factor", path);
+    scaler_state.backoff_factor = read_scalar<double>(archive, "scaler_backoff_factor", path);
+    scaler_state.growth_interval = read_scalar<int64_t>(archive, "scaler_growth_interval", path);
+    scaler_state.growth_tracker = read_scalar<int64_t>(archive, "scaler_growth_tracker", path);
+  }
+  torch::Tensor cpu_rng;
+  if (!archive.try_read("rng_cpu", cpu_rng, true)) throw Error("checkpoint '" + path + "' lacks the CPU RNG state");
+  int64_t cuda_count = read_scalar<int64_t>(archive, "rng_cuda_count", path);
+  std::vector<torch::Tensor> cuda_rng(static_cast<size_t>(cuda_count));
+  for (int64_t i = 0; i < cuda_count; ++i)
+    if (!archive.try_read("rng_cuda" + std::to_string(i), cuda_rng[static_cast<size_t>(i)], true))
+      throw Error("checkpoint '" + path + "' lacks the RNG state of cuda:" + std::to_string(i));
+  torch::serialize::InputArchive optimizer_archive;
+  if (!archive.try_read("optimizer_state", optimizer_archive)) throw Error("checkpoint '" + path + "' lacks the optimizer state");
+
+  // 2. Restore. The checks above guarantee that nothing below meets a missing or mismatched entry.
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(stored[i]);
+  }
+  state.optimizer.load(optimizer_archive);
+  if (scaler_enabled) state.scaler.load_state(scaler_state);
+  if (restore_rng) {
+    at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
+    cpu_generator.set_state(cpu_rng);
+#ifdef AMPLAB_WITH_CUDA
+    for (int64_t i = 0; i < std::min<int64_t>(cuda_count, cuda_generator_count()); ++i)
+    {
+      at::Generator cuda_generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(i));
+      cuda_generator.set_state(cuda_rng[static_cast<size_t>(i)]);
+    }
+#endif
+  }
+  return info;
+}
+
+std::string unique_run_token() {
+  std::random_device device;
+  char token[8];
+  std::snprintf(token, sizeof token, "%06x", static_cast<unsigned>(device()) & 0xffffffu);
+  return token;
+}
+
+std::string file_name_safe(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+    if (keep) out.push_back(c);
+    else if (!out.empty() && out.back() != '_') out.push_back('_');
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, std::string owner)
+    : dir_(std::move(dir)), keep_last_(keep_last), owner_(file_name_safe(owner)) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+void CheckpointManager::open_for_writing() {
+  if (lock_fd_ >= 0) return;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw IoError("checkpoint.dir: cannot create '" + dir_ + "': " + ec.message() + "; set checkpoint.dir to a writable directory");
+  std::string lock_path = (fs::path(dir_) / ".lock").string();
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw IoError("checkpoint.dir: cannot write in '" + dir_ + "': " + std::strerror(errno) +
+                  "; set checkpoint.dir to a writable directory");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder = read_file(lock_path);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd);
+    throw Error("checkpoint.dir '" + dir_ + "' is in use by another run (" + (holder.empty() ? "unknown" : holder) +
+                "); wait for it to finish, or give this run its own directory with --set checkpoint.dir=DIR");
+  }
+  std::string me = "pid " + std::to_string(::getpid()) + (owner_.empty() ? "" : ", " + owner_) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    int saved = errno;
+    ::close(fd);
+    throw IoError("checkpoint.dir: cannot write in '" + dir_ + "': " + std::strerror(saved) +
+                  "; free some space or set checkpoint.dir elsewhere");
+  }
+  lock_fd_ = fd;
+  // Nobody else writes here now: a temporary file is what a killed write left behind.
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (entry.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(entry.path(), ec);
+}
+
+std::string CheckpointManager::save(const TrainingState& state, const CheckpointInfo& info) {
+  open_for_writing();
+  char step[32];
+  std::snprintf(step, sizeof step, "step-%08lld.ckpt", static_cast<long long>(info.position.global_step));
+  const std::string prefix = owner_.empty() ? "" : owner_ + "-";
+  const std::string name = prefix + step;
+  std::string path = (fs::path(dir_) / name).string();
+  std::error_code exists_error;
+  if (!written_.count(name) && fs::exists(fs::symlink_status(path, exists_error)))
+    throw Error("checkpoint.dir: '" + path + "' already exists and was not written by this run; not replacing it. "
+                "Give this run its own directory with --set checkpoint.dir=DIR");
+  save_checkpoint(path, state, info);
+  written_.insert(name);
+  write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
+
+  // This owner's files only (with no owner: the plain step-*.ckpt files).
+  std::error_code ec;
+  std::vector<fs::path> mine;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    std::string file = entry.path().filename().string();
+    if (entry.path().extension() != ".ckpt" || file.rfind(prefix + "step-", 0) != 0) continue;
+    if (file.size() != prefix.size() + std::strlen(step)) continue;  // another owner whose name starts like ours
+    mine.push_back(entry.path());
+  }
+  std::sort(mine.begin(), mine.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < mine.size(); ++i)
+    if (mine[i].filename() != name) fs::remove(mine[i], ec);
+  return path;
+}
+
+namespace {
+// The file name in `latest`, printable: a damaged file shows as such instead of raw bytes.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text.substr(0, 80)) out += std::isprint(static_cast<unsigned char>(c)) ? std::string(1, c) : "?";
+  return out + (text.size() > 80 ? "..." : "");
+}
+}  // namespace
+
+// A `latest` that is a dangling link counts: --resume auto then says what is wrong with it.
+bool CheckpointManager::has_latest() const {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(fs::path(dir_) / "latest", ec));
+}
+
+std::string CheckpointManager::resolve(const std::string& spec) const {
+  if (spec != "latest") {
+    if (std::string problem = regular_file_problem(spec); !problem.empty())
+      throw Error("--resume: checkpoint '" + spec + "' " + problem);
+    return spec;
+  }
+  fs::path latest = fs::path(dir_) / "latest";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec)))
+    throw Error("--resume latest: no checkpoint in '" + dir_ + "' (no 'latest' file there); pass a path instead");
+  if (std::string problem = regular_file_problem(latest.string()); !problem.empty())
+    throw Error("--resume latest: '" + latest.string() + "' " + problem + "; pass a checkpoint path instead");
+  std::string name = read_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  fs::path path = fs::path(dir_) / name;
+  bool sane = !name.empty() && name.find('/') == std::string::npos &&
+              std::all_of(name.begin(), name.end(), [](char c) { return std::isprint(static_cast<unsigned char>(c)); });
+  if (!sane)
+    throw Error("--resume latest: '" + latest.string() + "' is damaged (it holds '" + printable(name) +
+                "', not a file name); pass a checkpoint path instead");
+  if (std::string problem = regular_file_problem(path.string()); !problem.empty())
+    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which " + problem + "; pass a path instead");
+  return path.string();
+}
+
+}  // namespace amplab

@@ -1,0 +1,125 @@
+// Checkpoints that survive crashes and resume exactly.
+//
+// File layout: an 24-byte header (magic "AMPLABCK", format version, payload length, CRC-32 of the
+// payload) followed by a torch::serialize archive holding the model's parameters and buffers,
+// the optimizer state, the GradScaler state, the RNG states (CPU and every CUDA device), the
+// training position, the resolved config and the torch version. Files are written atomically
+// (files.hpp); loading verifies everything before it changes anything, so a bad file is an error
+// and never a partial load.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "amplab/infra/config.hpp"
+#include "amplab/train/loss_scaler.hpp"
+#include "amplab/infra/paths.hpp"
+
+namespace amplab {
+
+constexpr uint32_t kCheckpointFormatVersion = 1;
+
+struct CheckpointConfig {
+  std::string dir = "";          // "" = <run.out_dir>/<lab>/checkpoints (shared by the lab's runs)
+  int64_t every_steps = 0;       // also save every N optimizer steps (0: only at epoch ends)
+  bool every_epoch = true;       // save at the end of each epoch
+  int64_t keep_last = 3;         // keep this many step-*.ckpt files, delete older ones
+  bool on_interrupt = true;      // save when Ctrl-C / SIGTERM stops the run
+
+  template <class V>
+  void fields(V& v) {
+    v.field("dir", dir, "checkpoint directory (empty: <run.out_dir>/<lab>/checkpoints)", check_path_value);
+    v.field("every_steps", every_steps, "save every N optimizer steps (0: off)", Range<int64_t>::at_least(0));
+    v.field("every_epoch", every_epoch, "save at the end of each epoch");
+    v.field("keep_last", keep_last, "how many checkpoints to keep", Range<int64_t>::at_least(1));
+    v.field("on_interrupt", on_interrupt, "save when interrupted (SIGINT/SIGTERM)");
+  }
+};
+
+// Where training stands. A checkpoint is only taken between optimizer steps, so resuming starts
+// a fresh accumulation group at micro-batch `next_batch` of `epoch`.
+struct TrainingPosition {
+  int64_t epoch = 0;        // 0-based epoch in progress
+  int64_t next_batch = 0;   // micro-batch index within the epoch to run next (on every rank)
+  int64_t global_step = 0;  // optimizer steps taken so far
+  uint64_t data_seed = 0;   // the sampler's seed (the epoch's order is derived from it)
+  // Samples of the epoch trained on so far, all ranks together. Ranks take the epoch's order
+  // interleaved (EpochSampler), so these are exactly its first `samples` entries, whatever the
+  // batch size and world size: the position survives a change of either (--force).
+  int64_t samples = 0;
+  int64_t world_size = 1;   // processes that trained it
+};
+
+// Everything a checkpoint captures, by reference.
+struct TrainingState {
+  torch::nn::Module& model;
+  torch::optim::Optimizer& optimizer;
+  LossScaler& scaler;
+};
+
+struct CheckpointInfo {
+  uint32_t format_version = kCheckpointFormatVersion;
+  std::string torch_version;
+  std::string lab;          // which lab wrote it
+  std::string tag;          // e.g. the mode of a multi-mode lab ("gpu-amp")
+  std::string config_yaml;  // the resolved config of the run that wrote it
+  std::string extra_json;   // lab-specific state
+  std::string loop_json;    // the training loop's own state (loop.cpp): finished epochs, running sums
+  TrainingPosition position;
+};
+
+std::string serialize_checkpoint(const TrainingState& state, const CheckpointInfo& info);
+void save_checkpoint(const std::string& path, const TrainingState& state, const CheckpointInfo& info);
+// Verifies the file (header, length, checksum, format version, lab, parameter names and shapes,
+// optimizer kind) and only then restores the state into `state`, and the RNG states.
+CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, const std::string& expected_lab,
+                               bool restore_rng = true);
+// Reads and verifies only the header and the metadata, without touching any state.
+CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// The checkpoints of one directory: <owner>-step-00000042.ckpt files and a `latest` file naming
+// the newest. Several runs may share the directory one after the other (the default is one per
+// lab): each run prunes only the files it wrote itself, so the checkpoint an interrupted run
+// printed survives the next run. Two runs writing at once are refused (a lock).
+class CheckpointManager {
+ public:
+  // `owner` names the writer in file names (a run directory's name and a mode); "" gives plain
+  // step-00000042.ckpt files.
+  CheckpointManager(std::string dir, int64_t keep_last, std::string owner = "");
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+  const std::string& dir() const { return dir_; }
+  // Before the first save (save() calls it too): creates the directory, takes its lock for this
+  // object's lifetime and removes temporary files left by a killed write. An amplab::Error names
+  // the directory when it cannot be written, or the process that holds the lock.
+  void open_for_writing();
+  // Writes <owner>-step-<global_step>.ckpt atomically, points `latest` at it, then deletes this
+  // owner's older files beyond keep_last. Returns its path. A file of that name that this object
+  // did not write is never replaced (an amplab::Error names it): it is another run's.
+  std::string save(const TrainingState& state, const CheckpointInfo& info);
+  // "latest" -> the file `latest` names; anything else is a path that must exist.
+  std::string resolve(const std::string& spec) const;
+  // Whether `latest` names a checkpoint (what --resume auto asks).
+  bool has_latest() const;
+
+ private:
+  std::string dir_;
+  int64_t keep_last_;
+  std::string owner_;
+  int lock_fd_ = -1;
+  std::set<std::string> written_;  // names of the files this object saved
+};
+
+// Six random hex digits: the part of a checkpoint's name no other run shares.
+std::string unique_run_token();
+
+// A file-name-safe form of `text` ("gpu-amp (bf16-mixed)" -> "gpu-amp_bf16-mixed").
+std::string file_name_safe(const std::string& text);
+
+}  // namespace amplab

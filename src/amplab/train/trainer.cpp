@@ -1,0 +1,141 @@
+#include "amplab/train/trainer.hpp"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/error.hpp"
+#include "amplab/fast/fused_adamw.hpp"
+#include "amplab/fast/fused_sgd.hpp"
+
+namespace amplab {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
+                                                        const OptimizerConfig& c) {
+  if (c.name == "sgd") {
+    auto options = torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay);
+    if (c.fused) return std::make_unique<FusedSGD>(parameters, options);
+    return std::make_unique<torch::optim::SGD>(parameters, options);
+  }
+  if (c.fused && c.name != "adamw")
+    throw Error("train.optimizer.fused: there is no fused kernel for '" + c.name + "' here; fused works with sgd and adamw");
+  if (c.name == "adam")
+    return std::make_unique<torch::optim::Adam>(
+        parameters, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
+  if (c.name == "adamw") {
+    auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+    if (c.fused) return std::make_unique<FusedAdamW>(parameters, options);
+    return std::make_unique<torch::optim::AdamW>(parameters, options);
+  }
+  throw Error("train.optimizer.name: '" + c.name + "' is not allowed; use one of: sgd, adam, adamw");
+}
+
+double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
+  if (config.schedule != "constant" && config.schedule != "linear")
+    throw Error("train.optimizer.schedule: '" + config.schedule + "' is not allowed; use one of: constant, linear");
+  if (!(config.warmup >= 0 && config.warmup <= 0.5))
+    throw Error("train.optimizer.warmup: " + std::to_string(config.warmup) + " is not allowed; use a fraction in [0, 0.5]");
+  if (total_steps < 1) throw Error("scheduled_lr: the run has no steps");
+  step = std::clamp<int64_t>(step, 0, total_steps);
+  const auto warmup_steps = static_cast<int64_t>(config.warmup * static_cast<double>(total_steps));
+  if (step < warmup_steps) return config.lr * (static_cast<double>(step) / static_cast<double>(warmup_steps));
+  if (config.schedule == "constant") return config.lr;
+  return config.lr * (static_cast<double>(total_steps - step) / static_cast<double>(total_steps - warmup_steps));
+}
+
+bool has_schedule(const OptimizerConfig& config) { return config.schedule != "constant" || config.warmup > 0; }
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) return fused->set_lr(lr);
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config,
+                 torch::Device device, const StepMechanisms& mechanisms, const MemoryConfig& memory)
+    : model_(std::move(model)),
+      loss_fn_(std::move(loss_fn)),
+      config_(config),
+      device_(device),
+      mechanisms_(mechanisms),
+      memory_(device, memory),
+      tf32_(config.precision == Precision::tf32) {
+  if (!mechanisms_.make_scaler || !mechanisms_.train_step || !mechanisms_.optimizer_step ||
+      !mechanisms_.accumulate_gradients)
+    throw Error("Trainer: every StepMechanisms function must be given (apps/common/mechanisms.hpp gathers them)");
+  check_supported(config_.precision, device_);
+  check_on_device(*model_, device_);
+  parameters_ = model_->parameters();
+  optimizer_ = make_optimizer(parameters_, config_.optimizer);
+  scaler_ = mechanisms_.make_scaler(config_);
+  if (!scaler_) throw Error("Trainer: the loss-scaler factory returned nothing");
+}
+
+bool Trainer::steps_each_bucket() {
+  if (!step_each_bucket_) {
+    std::vector<torch::Tensor> trained;
+    for (const auto& group : optimizer_->param_groups())
+      for (const auto& p : group.params())
+        if (p.requires_grad()) trained.push_back(p);
+    step_each_bucket_ = dynamic_cast<FusedOptimizer*>(optimizer_.get()) != nullptr && !scaler_->is_enabled() &&
+                        config_.grad_clip_norm <= 0 && sync_->can_step_each_bucket(trained);
+  }
+  return *step_each_bucket_;
+}
+
+void Trainer::enter(Phase phase) {
+  phase_ = phase;
+  memory_.begin(phase);
+}
+
+torch::Tensor Trainer::forward_loss(const Batch& batch, bool last_micro_batch) {
+  if (sync_) sync_->before_forward();
+  enter(Phase::forward);
+  torch::Tensor loss = loss_fn_(batch);
+  enter(Phase::backward);
+  if (sync_) sync_->before_backward(loss, /*reduce_after_this=*/last_micro_batch);
+  return loss;
+}
+
+void Trainer::gradients_ready() {
+  enter(Phase::optimizer);
+  if (sync_) sync_->finish();
+}
+
+StepResult Trainer::step(const Batch& batch) {
+  if (sync_ && steps_each_bucket()) return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
+  StepResult result = mechanisms_.train_step(*this, batch);  // lab 2
+  result.samples = batch.size();
+  return finish_step(result);
+}
+
+StepResult Trainer::step(const MicroBatches& group) {
+  if (group.count == 1 && !(sync_ && steps_each_bucket())) return step(group.batch(0));
+  StepResult result;
+  result.loss = mechanisms_.accumulate_gradients(*this, group);  // lab 3
+  for (int64_t i = 0; i < group.count; ++i) result.samples += group.rows(i);
+  if (sync_ && steps_each_bucket()) {
+    // DDP with a fused optimizer, no loss scaling and no clipping (nothing needs all gradients
+    // first): each bucket's parameters are updated as soon as its all-reduce is done, while the
+    // later buckets are still on the wire. The same update as one step over all parameters: the
+    // reference's fast path, which needs no mechanism of lab 2.
+    enter(Phase::optimizer);
+    auto& fused = dynamic_cast<FusedOptimizer&>(*optimizer_);
+    sync_->finish_stepping_each_bucket([&](const std::vector<torch::Tensor>& params) { fused.step_parameters(params); });
+    return finish_step(result);
+  }
+  StepResult stepped = mechanisms_.optimizer_step(*this);  // lab 2
+  result.grad_norm = stepped.grad_norm;
+  result.skipped = stepped.skipped;
+  return finish_step(result);
+}
+
+StepResult Trainer::finish_step(StepResult result) {
+  optimizer_->zero_grad(/*set_to_none=*/true);  // backward then writes fresh gradients instead of adding to zeros
+  memory_.end_step(global_step_);
+  phase_ = Phase::other;
+  ++global_step_;
+  return result;
+}
+
+}  // namespace amplab

@@ -1,0 +1,222 @@
+// The trainer: what one optimizer step works on (model, loss, optimizer, loss scaler, memory
+// tracker, gradient sync), and the dispatch of a step to the mechanisms the labs build. The step
+// itself (forward under autocast, scaled backward, unscale, clip, step or skip, update) is lab 2's,
+// gradient accumulation lab 3's: the trainer is handed them (StepMechanisms) and never includes
+// a lab. The loop around the step is loop.hpp's.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "amplab/data/batches.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/train/loss_scaler.hpp"
+#include "amplab/measure/memory.hpp"
+#include "amplab/train/precision.hpp"
+
+namespace amplab {
+
+struct OptimizerConfig {
+  std::string name = "sgd";   // sgd | adam | adamw
+  double lr = 0.01;           // learning rate
+  double momentum = 0.0;      // sgd only
+  double weight_decay = 0.0;  // L2 penalty (sgd, adam) or decoupled decay (adamw)
+  double beta1 = 0.9;         // adam/adamw
+  double beta2 = 0.999;       // adam/adamw
+  double eps = 1e-8;          // adam/adamw
+  bool fused = false;         // sgd, adamw: PyTorch's fused kernel (one launch; device-side fp16 skip)
+  std::string schedule = "constant";  // constant | linear: lr falls linearly towards 0 over the run's steps
+  double warmup = 0.0;        // fraction of the run's steps over which lr first rises linearly from 0
+
+  template <class V>
+  void fields(V& v) {
+    v.choice("name", name, {"sgd", "adam", "adamw"}, "optimizer");
+    v.field("lr", lr, "learning rate", Range<double>::positive());
+    v.field("momentum", momentum, "SGD momentum", Range<double>::between(0, 1));
+    v.field("weight_decay", weight_decay, "weight decay", Range<double>::at_least(0));
+    v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
+    v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
+    v.field("eps", eps, "Adam epsilon", Range<double>::positive());
+    v.field("fused", fused, "sgd, adamw: one fused kernel for all parameters (CUDA graphs need it for fp16, adamw, schedules)");
+    v.choice("schedule", schedule, {"constant", "linear"},
+             "learning rate per step after the warm-up: constant, or linear = falling to 0 at the end of the run");
+    v.field("warmup", warmup, "fraction of the run's steps over which the rate rises linearly from 0 first",
+            Range<double>::between(0, 0.5));
+  }
+};
+
+// The learning rate of optimizer step `step` (0-based) of a run of `total_steps` steps, as
+// PyTorch's LambdaLR with the lambda of Hugging Face's get_linear_schedule_with_warmup: with
+// W = floor(warmup * total_steps) warm-up steps, lr * step / W before step W; after it
+// lr * (total_steps - step) / (total_steps - W) for "linear", lr for "constant".
+double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps);
+// Whether the rate changes during the run (a linear schedule or a warm-up).
+bool has_schedule(const OptimizerConfig& config);
+
+// Sets the learning rate of every parameter group; a FusedOptimizer also updates its device copy,
+// which a captured CUDA graph reads.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
+                                                        const OptimizerConfig& config);
+
+struct TrainConfig {
+  int epochs = 1;                       // passes over the training set
+  int64_t batch_size = 64;              // samples per micro-batch (per process in DDP)
+  int accumulation_steps = 1;           // micro-batches per optimizer step
+  Precision precision = Precision::fp32;
+  std::string loss_scaling = "auto";    // auto (fp16-mixed only) | on | off
+  double grad_clip_norm = 0.0;          // clip the global gradient 2-norm to this (0: off)
+  int64_t log_every = 50;               // optimizer steps between log lines (each costs a host sync)
+  int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
+  bool drop_last = false;               // skip the last, smaller batch of an epoch
+  bool cuda_graph = false;              // capture the whole step as one CUDA graph (cuda_graph.hpp)
+  int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
+  double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
+  bool progress = true;                 // progress bar with ETA on interactive terminals
+  OptimizerConfig optimizer;
+  GradScalerConfig grad_scaler;         // used when loss scaling is on
+
+  template <class V>
+  void fields(V& v) {
+    v.field("epochs", epochs, "passes over the training set", Range<int64_t>::at_least(1));
+    v.field("batch_size", batch_size, "samples per micro-batch (per process)", Range<int64_t>::at_least(1));
+    v.field("accumulation_steps", accumulation_steps, "micro-batches per optimizer step", Range<int64_t>::at_least(1));
+    v.field("precision", precision, "numeric precision");
+    v.choice("loss_scaling", loss_scaling, {"auto", "on", "off"}, "GradScaler: auto = only for fp16-mixed");
+    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
+    v.field("log_every", log_every, "optimizer steps between log lines", Range<int64_t>::at_least(1));
+    v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
+    v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
+    v.field("cuda_graph", cuda_graph, "replay the whole step as one CUDA graph (GPU; accumulation_steps 1)");
+    v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
+            Range<int64_t>::at_least(1));
+    v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
+    v.field("progress", progress, "progress bar on interactive terminals");
+    v.section("optimizer", optimizer);
+    v.section("grad_scaler", grad_scaler);
+  }
+};
+
+// Inputs and targets of one micro-batch, on the training device.
+// Forward pass plus loss: what a lab supplies. Runs under the autocast guard.
+using LossFn = std::function<torch::Tensor(const Batch&)>;
+
+// The micro-batches of one optimizer step: how many, the rows of each (known without making
+// it), and each batch, made when asked (so that one micro-batch's tensors live at a time).
+struct MicroBatches {
+  int64_t count = 0;
+  std::function<int64_t(int64_t)> rows;
+  std::function<Batch(int64_t)> batch;
+};
+
+// Data-parallel training plugs in here (lab 5's gradient synchronization, labs/ddp): the trainer
+// tells it which backward passes must all-reduce, and waits for the reduction before the optimizer
+// step. No agreement on the GradScaler's found_inf is needed: the gradients are averaged before it
+// looks at them, so every rank sees the same ones and skips or steps with the others.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void before_forward() {}                       // e.g. broadcast buffers from rank 0
+  // Between forward and backward; `loss` is the micro-batch's loss (its graph is what backward
+  // runs); reduce_after_this is false inside an accumulation group.
+  virtual void before_backward(const torch::Tensor& loss, bool reduce_after_this) = 0;
+  virtual void finish() = 0;                             // wait for all-reduces; grads averaged
+  // Whether finish_stepping_each_bucket may update `params` (the optimizer's): all of them are
+  // reduced in buckets, and the user has not turned it off.
+  virtual bool can_step_each_bucket(const std::vector<torch::Tensor>& /*params*/) { return false; }
+  // finish(), but calling step_bucket(parameters) for each bucket as soon as its gradients are
+  // averaged, so that updating early buckets overlaps the all-reduce of later ones. Called only
+  // when can_step_each_bucket said yes.
+  virtual void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) = 0;
+};
+
+struct StepResult {
+  torch::Tensor loss;       // mean loss over the group's micro-batches (0-dim, on the device, no sync)
+  torch::Tensor grad_norm;  // total gradient norm before clipping (undefined when not clipping)
+  torch::Tensor skipped;    // 0-dim float: 1 when the GradScaler skipped the step (undefined without loss scaling)
+  int64_t samples = 0;
+};
+
+class Trainer;
+
+// The mechanisms a step is made of, written in the labs and handed to the trainer (apps/common
+// gathers them; a build links the instructor's reference or the student's own code).
+struct StepMechanisms {
+  // Lab 2: the loss scaler a config asks for (disabled unless fp16-mixed or loss_scaling on).
+  std::function<std::unique_ptr<LossScaler>(const TrainConfig&)> make_scaler;
+  // Lab 2: one optimizer step on one batch (forward under autocast, scaled backward, then
+  // optimizer_step). Gradients are zeroed by the trainer afterwards.
+  std::function<StepResult(Trainer&, const Batch&)> train_step;
+  // Lab 2: the optimizer half of a step once the gradients are in .grad (scaled): unscale and
+  // clip when clipping, step or skip, update the scale. Fills grad_norm and skipped.
+  std::function<StepResult(Trainer&)> optimizer_step;
+  // Lab 3: forward and scaled backward of several micro-batches, each weighted by its share of
+  // the samples, accumulating into .grad; returns their mean loss (0-dim, on the device).
+  std::function<torch::Tensor(Trainer&, const MicroBatches&)> accumulate_gradients;
+};
+
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config, torch::Device device,
+          const StepMechanisms& mechanisms, const MemoryConfig& memory = {});
+
+  // One optimizer step over one batch, or over a group of micro-batches (accumulation).
+  StepResult step(const Batch& batch);
+  StepResult step(const MicroBatches& group);
+
+  // ---- For the mechanisms: what a step works with ----
+  // The loss of `batch` (call it under the autocast guard). Also marks the forward and backward
+  // phases for the memory tracker, and tells data-parallel training that a backward is coming
+  // (last_micro_batch: whether the gradients are to be all-reduced after it).
+  torch::Tensor forward_loss(const Batch& batch, bool last_micro_batch = true);
+  // Call once backward is done, before touching gradients: waits for data-parallel training to
+  // average them across ranks (a no-op in one process) and marks the optimizer phase.
+  void gradients_ready();
+
+  torch::nn::Module& model() { return *model_; }
+  const std::shared_ptr<torch::nn::Module>& model_ptr() const { return model_; }
+  const std::vector<torch::Tensor>& parameters() const { return parameters_; }  // model().parameters()
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  LossScaler& scaler() { return *scaler_; }
+  MemoryTracker& memory() { return memory_; }
+  const TrainConfig& config() const { return config_; }
+  torch::Device device() const { return device_; }
+  Precision precision() const { return config_.precision; }
+  int64_t global_step() const { return global_step_; }  // optimizer steps taken (skipped ones too)
+  void set_global_step(int64_t step) { global_step_ = step; }
+  Phase current_phase() const { return phase_; }
+  void set_gradient_sync(GradientSync* sync) {
+    sync_ = sync;
+    step_each_bucket_.reset();
+  }
+
+ private:
+  void enter(Phase phase);
+  bool steps_each_bucket();  // see step(): DDP may update each bucket as soon as it is reduced
+  StepResult finish_step(StepResult result);
+
+  std::shared_ptr<torch::nn::Module> model_;
+  LossFn loss_fn_;
+  TrainConfig config_;
+  torch::Device device_;
+  StepMechanisms mechanisms_;
+  std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<LossScaler> scaler_;
+  MemoryTracker memory_;
+  Tf32Guard tf32_;  // TF32 only for precision tf32 (fp32 means IEEE fp32 matmuls and convolutions)
+  GradientSync* sync_ = nullptr;
+  std::optional<bool> step_each_bucket_;  // decided at the first synchronized step
+  Phase phase_ = Phase::other;
+  int64_t global_step_ = 0;
+};
+
+}  // namespace amplab
