@@ -341,3 +341,50 @@ TEST(ConfigFuzz, MutatedConfigsFailCleanly) {
 
 }  // namespace
 }  // namespace amplab
+
+namespace amplab {
+namespace {
+
+// A config file's `cpu:` section: its values replace the file's on a CPU run, --set wins over
+// both, and the section itself is never a key.
+TEST(ConfigOverlay, CpuSectionReplacesTheFilesValuesAndSetWins) {
+  const std::string yaml = "train:\n  epochs: 10\n  batch_size: 256\ncpu:\n  train:\n    epochs: 1\n    optim: {lr: 0.5}\n";
+  auto source = ConfigSource::parse(yaml, "lab.yaml", {"train.batch_size=32"});
+  ASSERT_TRUE(source.has_overlay("cpu"));
+  TopConfig gpu, cpu;
+  source.bind(gpu);
+  source.with_overlay("cpu").bind(cpu);
+  EXPECT_EQ(gpu.train.epochs, 10);
+  EXPECT_EQ(cpu.train.epochs, 1);
+  EXPECT_DOUBLE_EQ(gpu.train.optim.lr, 0.01);
+  EXPECT_DOUBLE_EQ(cpu.train.optim.lr, 0.5);
+  EXPECT_EQ(gpu.train.batch_size, 32);
+  EXPECT_EQ(cpu.train.batch_size, 32);
+
+  auto overridden = ConfigSource::parse(yaml, "lab.yaml", {"train.epochs=3"}).with_overlay("cpu");
+  TopConfig c;
+  overridden.bind(c);
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(overridden.where("train.epochs"), "--set train.epochs=3");
+}
+
+TEST(ConfigOverlay, MistakesInTheSectionNameTheirLine) {
+  TopConfig c;
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("cpu:\n  train:\n    epoch: 1\n", "lab.yaml").with_overlay("cpu").bind(c); },
+                                {"lab.yaml:3", "unknown key 'train.epoch'", "train.epochs"}));
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("cpu: 3\n", "lab.yaml"); }, {"lab.yaml:1", "'cpu' must be a section"}));
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse("cpu:\n  run:\n    device: cuda\n", "lab.yaml"); },
+                                {"lab.yaml:3", "cpu.run.device", "set run.device instead"}));
+}
+
+TEST(ConfigOverlay, WithoutTheSectionTheSameValues) {
+  auto source = ConfigSource::parse("train:\n  epochs: 4\n", "lab.yaml", {"train.shuffle=false"});
+  EXPECT_FALSE(source.has_overlay("cpu"));
+  TopConfig c;
+  source.with_overlay("cpu").bind(c);
+  EXPECT_EQ(c.train.epochs, 4);
+  EXPECT_FALSE(c.train.shuffle);
+}
+
+}  // namespace
+}  // namespace amplab

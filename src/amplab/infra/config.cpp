@@ -142,9 +142,15 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 // ---------------------------------------------------------------------------------------------
 // The document and where its values came from.
 
+// Top-level sections of a config file that are overlays, not keys (ConfigSource::with_overlay).
+constexpr const char* kOverlaySections[] = {"cpu"};
+
 struct ConfigSource::Impl {
   std::string name;                            // file path, or what stands for it
-  YAML::Node root;                             // a map (possibly empty)
+  YAML::Node root;                             // a map (possibly empty): the file with the overrides
+  std::string text;                            // the file's text (overlays re-read it: a copy of a node loses its lines)
+  std::map<std::string, YAML::Node> overlays;  // overlay sections ("cpu"), taken out of the file
+  std::vector<std::string> overrides;          // --set assignments, in order
   std::map<std::string, std::string> origins;  // key path -> "--set a.b=v" for overridden keys
 
   // "configs/x.yaml:12" or "--set train.lr=abc"
@@ -617,12 +623,67 @@ std::string ConfigSource::where(const std::string& key) const {
   return impl_->where(key, node.Mark());
 }
 
+namespace {
+
+// Takes the overlay sections (`cpu:`) out of impl.root and returns them.
+std::map<std::string, YAML::Node> take_overlay_sections(ConfigSource::Impl& impl) {
+  std::map<std::string, YAML::Node> overlays;
+  for (const char* section : kOverlaySections) {
+    const YAML::Node& file = impl.root;  // const: looking a key up must not add it
+    if (!file.IsMap() || !file[section].IsDefined()) continue;
+    const YAML::Node overlay = file[section];
+    if (!overlay.IsMap() && !overlay.IsNull())
+      throw Error(impl.in_file(overlay.Mark()) + ": '" + section + "' must be a section of keys (values used on the " +
+                  section + ", e.g. " + section + ": {train: {epochs: 1}})");
+    if (overlay.IsMap() && overlay["run"].IsDefined() && overlay["run"].IsMap() && overlay["run"]["device"].IsDefined())
+      throw Error(impl.in_file(overlay["run"]["device"].Mark()) + ": '" + section +
+                  ".run.device' cannot be set: the section applies once the device is known; set run.device instead");
+    overlays[section] = overlay.IsMap() ? overlay : YAML::Node(YAML::NodeType::Map);
+    impl.root.remove(section);
+  }
+  return overlays;
+}
+
+// Puts `overlay`'s values over `base`'s, section by section.
+void merge_into(YAML::Node base, const YAML::Node& overlay) {
+  for (const auto& entry : overlay) {
+    const std::string key = entry.first.Scalar();
+    const YAML::Node& view = base;  // const: looking a key up must not add it
+    if (entry.second.IsMap() && view[key].IsDefined() && view[key].IsMap()) {
+      merge_into(base[key], entry.second);
+    } else {
+      base[key] = entry.second;
+    }
+  }
+}
+
+}  // namespace
+
 ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string& name,
                                  const std::vector<std::string>& overrides) {
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   impl->root = parse_yaml(yaml_text, name);
+  impl->text = yaml_text;
+  impl->overlays = take_overlay_sections(*impl);
+  impl->overrides = overrides;
   for (const auto& assignment : overrides) apply_override(*impl, assignment);
+  return ConfigSource(std::move(impl));
+}
+
+
+bool ConfigSource::has_overlay(const std::string& section) const { return impl_->overlays.count(section) > 0; }
+
+ConfigSource ConfigSource::with_overlay(const std::string& section) const {
+  // From the text again: fresh nodes that keep their lines, shared with no other source.
+  auto impl = std::make_unique<Impl>();
+  impl->name = impl_->name;
+  impl->text = impl_->text;
+  impl->overrides = impl_->overrides;
+  impl->root = parse_yaml(impl->text, impl->name);
+  impl->overlays = take_overlay_sections(*impl);
+  if (auto found = impl->overlays.find(section); found != impl->overlays.end()) merge_into(impl->root, found->second);
+  for (const auto& assignment : impl->overrides) apply_override(*impl, assignment);
   return ConfigSource(std::move(impl));
 }
 

@@ -146,6 +146,14 @@ class ConfigSource {
     finish(*reader);
   }
   const std::string& name() const;
+
+  // A section of the file that holds values used instead of the file's own in some case, as
+  // `cpu:` does for runs on the CPU (smaller sizes, fewer steps): the same source with that
+  // section's values over the file's, --set still over both. Without such a section, the same
+  // values as this source. The section itself is never a key of the config.
+  ConfigSource with_overlay(const std::string& section) const;
+  bool has_overlay(const std::string& section) const;
+
   // Where `key` ("bench.width") got its value, for errors about values that are each valid but
   // do not go together: "--set bench.width=256", "configs/ddp.yaml:12", or the file's name where
   // the key keeps its default.
@@ -159,14 +167,6 @@ class ConfigSource {
   void finish(FieldVisitor& reader) const;
   std::unique_ptr<Impl> impl_;
 };
-
-// Reads `path` + overrides into a T (starting from T's defaults).
-template <class T>
-T load_config(const std::string& path, const std::vector<std::string>& overrides = {}) {
-  T config;
-  ConfigSource::load(path, overrides).bind(config);
-  return config;
-}
 
 // The config as YAML with every field, documented: what the run directory keeps.
 std::string to_yaml(const std::function<void(FieldVisitor&)>& fields);

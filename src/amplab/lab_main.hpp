@@ -1,0 +1,104 @@
+// The start-up and finish every lab's main() shares: the command line, the config (with its
+// `cpu:` overlay on a CPU run), the run directory, the run settings, the device, and at the end
+// the results (CSV files and summary.json), the plots and report.md. A lab's main() is then
+//
+//   int main(int argc, char** argv) {
+//     return amplab::lab_main<MyConfig>(argc, argv, {"my_lab", "Lab 9: what it shows"},
+//                                       [](amplab::Lab<MyConfig>& lab) { ...; return amplab::kExitOk; });
+//   }
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "amplab/infra/app.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/report/results.hpp"
+#include "amplab/report/run_dir.hpp"
+
+namespace amplab {
+
+struct LabInfo {
+  std::string name;             // "amp_training": configs/<name>.yaml, runs/<name>/, labs/<name>/README.md
+  std::string title;            // "Lab 2: AMP training, fp32 vs tf32 vs fp16 vs bf16"
+  bool accepts_resume = false;  // --resume and --force are options of this lab
+};
+
+// What a lab's body works with.
+template <class Config>
+struct Lab {
+  Config config;
+  CommandLine cli;
+  ConfigSource source;   // where(key): the origin of a value, for errors across keys
+  torch::Device device;  // resolved from run.device
+  RunDir run;
+  Results results;       // written to the run directory when the body returns
+  std::string plot_kind; // scripts/plot.py's kind to draw at the end ("" for none)
+
+  bool on_cpu() const { return !device.is_cuda(); }
+};
+
+// Whether run.device ("auto", "cpu", "cuda:1") resolves to the CPU on this machine.
+bool config_runs_on_cpu(const std::string& device_spec);
+
+namespace detail {
+// Everything lab_main does around the config; defined in lab_main.cpp.
+torch::Device start_run(const RunConfig& run, const std::string& title);
+void finish_run(const RunDir& run, const Results& results, const std::string& plot_kind);
+}  // namespace detail
+
+// Loads the config: the file, its `cpu:` section when run.device resolves to the CPU, then --set.
+// The `cpu:` section is checked whatever the device, so that a mistake in it shows on a GPU too.
+template <class Config>
+std::pair<Config, ConfigSource> load_config_for_device(const CommandLine& cli, bool* on_cpu_out = nullptr) {
+  ConfigSource source = ConfigSource::load(cli.config_path, cli.overrides);
+  Config config;
+  source.bind(config);
+  ConfigSource cpu_source = source.with_overlay("cpu");
+  Config cpu_config;
+  cpu_source.bind(cpu_config);
+  const bool on_cpu = config_runs_on_cpu(config.run.device);
+  if (on_cpu_out) *on_cpu_out = on_cpu;
+  if (on_cpu) return {std::move(cpu_config), std::move(cpu_source)};
+  return {std::move(config), std::move(source)};
+}
+
+// A look at the loaded config before anything is made: it throws amplab::Error to refuse values
+// that do not go together, or returns an exit code to stop with at once (a lab that cannot run
+// on this machine), or nothing to go on.
+template <class Config>
+using ConfigCheck = std::function<std::optional<int>(const Config&, const ConfigSource&)>;
+
+// Runs a lab: parses the command line, loads the config, runs `check` (when given), creates the
+// run directory, applies the run settings, resolves the device and prints the title, runs `body`,
+// then writes the results, the plots and report.md. Errors become one line and an exit code
+// (guarded_main).
+template <class Config>
+int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Config>& check,
+             const std::function<int(Lab<Config>&)>& body) {
+  return guarded_main([&]() -> int {
+    Config defaults;
+    CommandLine cli;
+    if (auto code = parse_command_line(argc, argv, info.name, info.title, describe_keys(defaults), cli, info.accepts_resume))
+      return *code;
+    auto [config, source] = load_config_for_device<Config>(cli);
+    if (check)
+      if (auto code = check(config, source)) return *code;
+    RunDir run = RunDir::create(config.run, info.name, to_yaml(config));
+    torch::Device device = detail::start_run(config.run, info.title);
+    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, ""};
+    const int code = body(lab);
+    detail::finish_run(lab.run, lab.results, lab.plot_kind);
+    return code;
+  });
+}
+
+template <class Config>
+int lab_main(int argc, char** argv, const LabInfo& info, const std::function<int(Lab<Config>&)>& body) {
+  return lab_main<Config>(argc, argv, info, nullptr, body);
+}
+
+}  // namespace amplab

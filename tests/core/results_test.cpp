@@ -1,0 +1,72 @@
+// The results sink: one row recorded once shows on the console, in <table>.csv and in summary.json.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "amplab/report/results.hpp"
+#include "amplab/report/run_dir.hpp"
+
+namespace amplab {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ResultTable example() {
+  ResultTable t("precision", {{"precision", "precision", decimals(0)},
+                              {"step_ms", "ms/step", decimals(2)},
+                              {"step_ms_iqr", "", decimals(2)},
+                              {"speedup", "speed-up", times(2)},
+                              {"peak_fraction", "% of peak", percent_of_one(1)}});
+  t.add({"fp32", 12.3456, 0.25, 1.0, 0.4321});
+  t.add({"fp16-mixed", nullptr, nullptr, nullptr, nullptr});
+  return t;
+}
+
+TEST(Results, TheConsoleShowsFormattedValuesAndHidesUnlabelledColumns) {
+  std::string text = example().console();
+  EXPECT_NE(text.find("ms/step"), std::string::npos);
+  EXPECT_NE(text.find("12.35"), std::string::npos);
+  EXPECT_NE(text.find("1.00x"), std::string::npos);
+  EXPECT_NE(text.find("43.2%"), std::string::npos);
+  EXPECT_EQ(text.find("step_ms_iqr"), std::string::npos);
+  EXPECT_EQ(text.find("0.25"), std::string::npos);
+  EXPECT_NE(text.find("fp16-mixed  -"), std::string::npos) << text;
+}
+
+TEST(Results, CsvAndSummaryKeepEveryColumnInFullPrecision) {
+  fs::path dir = fs::temp_directory_path() / "amplab_results_test";
+  fs::remove_all(dir);
+  RunConfig config;
+  config.out_dir = dir.string();
+  RunDir run = RunDir::create(config, "lab", "run: {}\n");
+  Results results;
+  auto& t = results.table("precision", {{"precision", "precision", decimals(0)}, {"step_ms", "ms/step", decimals(2)}});
+  t.add({"fp32", 12.3456}).add({"bf16", std::nan("")});
+  results.set("device", "cpu");
+  results.write(run);
+  EXPECT_EQ(read(fs::path(run.path()) / "precision.csv"), "precision,step_ms\nfp32,12.3456\nbf16,\n");
+  auto summary = nlohmann::json::parse(read(fs::path(run.path()) / "summary.json"));
+  EXPECT_EQ(summary["device"], "cpu");
+  ASSERT_EQ(summary["precision"].size(), 2u);
+  EXPECT_DOUBLE_EQ(summary["precision"][0]["step_ms"].get<double>(), 12.3456);
+  EXPECT_TRUE(summary["precision"][1]["step_ms"].is_null());
+  EXPECT_EQ(summary["lab"], "lab");
+  fs::remove_all(dir);
+}
+
+TEST(Results, ARowOfTheWrongWidthIsAProgrammingError) {
+  ResultTable t("x", {{"a", "a"}, {"b", "b"}});
+  EXPECT_THROW(t.add({1}), std::logic_error);
+}
+
+}  // namespace
+}  // namespace amplab
