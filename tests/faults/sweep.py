@@ -330,12 +330,16 @@ def special_file_cases(bindir, out_root):
         return str(work / "big.ckpt")
 
     def unreadable_config():
-        if os.geteuid() == 0:
-            return "skipped", "root reads any file: cannot stage an unreadable one", ""
         work = workdir()
+        work.chmod(0o755)
         (work / "c.yaml").write_text("run:\n  seed: 1\n")
         (work / "c.yaml").chmod(0)
-        return refused([mnist, "--config", str(work / "c.yaml")], [str(work / "c.yaml"), "Permission denied"])
+        cmd = [mnist, "--config", str(work / "c.yaml")]
+        if os.geteuid() == 0:  # root reads any file: run the binary as nobody instead
+            if not shutil.which("setpriv"):
+                return "skipped", "root reads any file, and setpriv is missing to run as another user", ""
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
+        return refused(cmd, [str(work / "c.yaml"), "Permission denied"])
 
     def dangling_latest():
         work = workdir()
@@ -822,6 +826,16 @@ def checkpoint_cases(bindir, out_root):
             cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={work}", "--resume", "latest"]
             return refused(cmd, ["latest"], timeout=120)
         return Case(f"checkpoint/'latest' {what}", "checkpoint", go, 300)
+    def run_latest(content, what):
+        # The run's own pointer, beside its run directories (<run.out_dir>/mnist/latest).
+        def go():
+            work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+            (work / "mnist").mkdir(parents=True)
+            (work / "mnist" / "latest").write_bytes(content)
+            cmd = [str(bindir / "mnist")] + TINY + ["--set", f"run.out_dir={work}", "--resume", "latest"]
+            return refused(cmd, [str(work / "mnist" / "latest")], timeout=120)
+        return Case(f"checkpoint/the run's 'latest' {what}", "checkpoint", go, 300)
+    cases += [run_latest(bytes(range(256)), "binary"), run_latest(b"checkpoints/gone-step-00000001.ckpt\n", "naming a missing file")]
     cases += [latest(b"", "empty"), latest(bytes(range(256)), "binary"),
               latest(b"20990101-000000-cpu-step-00000001.ckpt\n", "naming a missing file"),
               latest(b"../../../etc/passwd\n", "pointing outside the directory")]
@@ -879,7 +893,32 @@ def resume_cases(bindir, out_root):
             first.wait()
         return judge_error(rc, out, ["checkpoint"], " ".join(cmd))
 
+    def latest_per_out_dir():
+        # Two runs of different run.out_dir sharing checkpoint.dir: the second (2 epochs) writes the
+        # shared directory last, yet `--resume latest` of the first goes on from the first's checkpoint.
+        work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        shared = ["--set", f"checkpoint.dir={work}/shared-checkpoints"]
+        cmds = {n: [str(bindir / "mnist")] + TINY + shared + ["--set", f"mnist.cpu_epochs={n}", "--set", f"run.out_dir={work}/out{n}"]
+                for n in (1, 2)}
+        for n in (1, 2):
+            rc, out, _ = run(cmds[n], 300)
+            if rc != 0:
+                return "crash" if crashed(rc, out) else "unclear", f"run {n}: exit {rc}: {out.strip()[-200:]!r}", " ".join(cmds[n])
+        resume = cmds[1] + ["--resume", "latest"]
+        rc, out, _ = run(resume, 120)
+        crash = crashed(rc, out)
+        if rc is None or crash:
+            return ("hang", "", " ".join(resume)) if rc is None else ("crash", crash, " ".join(resume))
+        first_runs = [p.name for p in (work / "out1" / "mnist").glob("2*")]
+        named = re.search(r"checkpoint '([^']+)' is at the end of its run", out)
+        if rc != 0 or not named:
+            return "wrong", f"exit {rc}, not the first run's finished checkpoint: {out.strip()[-200:]!r}", " ".join(resume)
+        if not any(pathlib.Path(named.group(1)).name.startswith(name + "-") for name in first_runs):
+            return "wrong", f"resumed {named.group(1)}, not a checkpoint of {first_runs}", " ".join(resume)
+        return "ok", f"resumed its own {pathlib.Path(named.group(1)).name}", " ".join(resume)
+
     return [Case("resume/a finished run", "resume", finished, 300),
+            Case("resume/latest of one out_dir while another shares checkpoint.dir", "resume", latest_per_out_dir, 600),
             Case("resume/train.batch_size changed", "resume", changed("train.batch_size", "256", ["train.batch_size", "--force"]), 300),
             Case("resume/train.accumulation_steps changed", "resume", changed("train.accumulation_steps", "2", ["train.accumulation_steps"]), 300),
             Case("resume/data.train_limit changed", "resume", changed("data.train_limit", "512", ["data.train_limit"]), 300),
