@@ -217,6 +217,191 @@ void pump(Stream& s, const std::string& prefix) {
   }
 }
 
+// Sets up the self-pipe and the handlers that write to it; false, having said why, when the pipe
+// cannot be made.
+bool install_signal_pipe() {
+  if (g_signal_pipe[0] > 0) {  // a previous run's (a restart)
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+  }
+  if (pipe(g_signal_pipe) != 0) {
+    say(std::string("cannot create a pipe: ") + std::strerror(errno));
+    return false;
+  }
+  set_nonblocking_cloexec(g_signal_pipe[0]);
+  set_nonblocking_cloexec(g_signal_pipe[1]);
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher (and with it the workers)
+  return true;
+}
+
+// One run of the workers: started, watched until all have ended, and summed up in an exit code.
+class Supervision {
+ public:
+  explicit Supervision(const SupervisorOptions& options) : options_(options), workers_(options.workers.size()) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Running& w = workers_[i];
+      w.spec = &options.workers[i];
+      w.prefix = "[rank " + std::to_string(w.spec->rank) + "] ";
+      w.out.out_fd = STDOUT_FILENO;
+      w.err.out_fd = STDERR_FILENO;
+    }
+  }
+
+  // fork + exec of every worker; one that cannot start stops those already running.
+  void start_all() {
+    for (auto& w : workers_) {
+      if (auto error = start(w, options_.command)) {
+        start_error_ = error;
+        stop_all();
+        break;
+      }
+    }
+    started_ = Clock::now();
+  }
+
+  // Relays output and signals, reaps the workers and stops the rest after a failure, until every
+  // worker has ended and its output is drained.
+  void watch() {
+    while (!finished()) {
+      pump_ready_streams();
+      forward_signals();
+      reap();
+      if (!ending()) report_early_exit(workers_, started_, said_early_exit_);
+      if (kill_pending_ && Clock::now() >= kill_at_) {
+        signal_all(workers_, SIGKILL);
+        kill_pending_ = false;
+      }
+    }
+    for (auto& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) close(s->fd);
+        s->emit(w.prefix, true);
+      }
+    }
+  }
+
+  // The launcher's exit code (supervisor.hpp), after a line on stderr saying why when it is not 0.
+  int report(bool* interrupted) const {
+    if (start_error_) {
+      say(*start_error_);
+      return 127;
+    }
+    if (interrupt_signal_ != 0) {
+      if (interrupted) *interrupted = true;
+      say("stopped after " + signal_name(interrupt_signal_));
+      return 128 + interrupt_signal_;
+    }
+    if (failure_) {
+      report_failure(workers_[*failure_]);
+      return exit_code_of(workers_[*failure_].status);
+    }
+    return 0;
+  }
+
+ private:
+  // A start error, a failed worker or a signal to the launcher: the run is ending.
+  bool ending() const { return failure_ || start_error_ || interrupt_signal_ != 0; }
+
+  void stop_all() {
+    for (auto& w : workers_) w.stopped = w.alive;
+    signal_all(workers_, SIGTERM);
+    kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options_.grace_s * 1000));
+    kill_pending_ = true;
+  }
+
+  // Every worker ended and its pipes closed, or still open a second after the last exit.
+  bool finished() {
+    bool any_alive = false, any_open = false;
+    for (auto& w : workers_) {
+      any_alive |= w.alive;
+      any_open |= w.out.fd >= 0 || w.err.fd >= 0;
+    }
+    if (any_alive) return false;
+    if (!any_open) return true;
+    if (!drain_until_) drain_until_ = Clock::now() + std::chrono::seconds(1);
+    return Clock::now() > *drain_until_;
+  }
+
+  // Waits up to 100 ms for output or a signal, then relays the output that came.
+  void pump_ready_streams() {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Stream*, const std::string*>> streams;
+    for (auto& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.emplace_back(s, &w.prefix);
+      }
+    }
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents != 0) pump(*streams[i - 1].first, *streams[i - 1].second);
+  }
+
+  // SIGINT/SIGTERM/SIGHUP to the launcher: forwarded (SIGHUP as SIGTERM); the third, SIGKILL.
+  void forward_signals() {
+    unsigned char signo;
+    while (read(g_signal_pipe[0], &signo, 1) == 1) {
+      if (signo != SIGINT && signo != SIGTERM && signo != SIGHUP) continue;  // SIGCHLD: reaped below
+      ++interrupts_;
+      if (interrupt_signal_ == 0) {
+        interrupt_signal_ = signo;
+        say("got " + signal_name(signo) + ": forwarding it to the workers (twice more to kill them)");
+      }
+      if (interrupts_ >= 3) signal_all(workers_, SIGKILL);
+      else signal_all(workers_, signo == SIGHUP ? SIGTERM : signo);
+    }
+  }
+
+  // Collects the workers that ended; the first failure stops the others.
+  void reap() {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Running& w = workers_[i];
+      if (!w.alive) continue;
+      pid_t done = waitpid(w.pid, &w.status, WNOHANG);
+      if (done != w.pid) continue;
+      w.alive = false;
+      w.ended = Clock::now();
+      if (failed(w.status) && !ending()) {
+        failure_ = i;
+        stop_all();
+      }
+    }
+  }
+
+  // Names the failed rank, the ranks stopped because of it and any other that failed on its own.
+  void report_failure(const Running& w) const {
+    std::string stopped, also_failed;
+    for (const auto& o : workers_) {
+      if (&o == &w) continue;
+      bool ended_by_us = o.stopped && WIFSIGNALED(o.status) &&
+                         (WTERMSIG(o.status) == SIGTERM || WTERMSIG(o.status) == SIGKILL);
+      if (ended_by_us) stopped += (stopped.empty() ? "" : ", ") + std::to_string(o.spec->rank);
+      else if (failed(o.status))
+        also_failed += "; rank " + std::to_string(o.spec->rank) + " also failed: it " + describe_status(o.status);
+    }
+    say("rank " + std::to_string(w.spec->rank) + " (local rank " + std::to_string(w.spec->local_rank) + ", pid " +
+        std::to_string(w.pid) + ", " + seconds_between(started_, w.ended) + " after the start) " + describe_status(w.status) +
+        (stopped.empty() ? "" : "; stopped the other ranks (" + stopped + ")") + also_failed);
+  }
+
+  const SupervisorOptions& options_;
+  std::vector<Running> workers_;
+  std::optional<size_t> failure_;  // index of the first worker that failed
+  std::optional<std::string> start_error_;
+  int interrupt_signal_ = 0, interrupts_ = 0;
+  bool kill_pending_ = false;  // SIGTERM'd workers get SIGKILL at kill_at_
+  Clock::time_point kill_at_{};
+  Clock::time_point started_{};
+  bool said_early_exit_ = false;
+  std::optional<Clock::time_point> drain_until_;  // after the last exit, stray grandchildren may hold pipes
+};
+
 }  // namespace
 
 std::string signal_name(int signo) {
@@ -238,146 +423,11 @@ std::string signal_name(int signo) {
 
 int supervise(const SupervisorOptions& options, bool* interrupted) {
   if (interrupted) *interrupted = false;
-  if (g_signal_pipe[0] > 0) {  // a previous run's (a restart)
-    close(g_signal_pipe[0]);
-    close(g_signal_pipe[1]);
-  }
-  if (pipe(g_signal_pipe) != 0) {
-    say(std::string("cannot create a pipe: ") + std::strerror(errno));
-    return 1;
-  }
-  set_nonblocking_cloexec(g_signal_pipe[0]);
-  set_nonblocking_cloexec(g_signal_pipe[1]);
-  struct sigaction action {};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &action, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher (and with it the workers)
-
-  std::vector<Running> workers(options.workers.size());
-  for (size_t i = 0; i < workers.size(); ++i) {
-    Running& w = workers[i];
-    w.spec = &options.workers[i];
-    w.prefix = "[rank " + std::to_string(w.spec->rank) + "] ";
-    w.out.out_fd = STDOUT_FILENO;
-    w.err.out_fd = STDERR_FILENO;
-  }
-
-  std::optional<size_t> failure;         // index of the first worker that failed
-  std::optional<std::string> start_error;
-  int interrupt_signal = 0, interrupts = 0;
-  bool kill_pending = false;    // SIGTERM'd workers get SIGKILL at kill_at
-  Clock::time_point kill_at{};
-
-  auto stop_all = [&] {
-    for (auto& w : workers) w.stopped = w.alive;
-    signal_all(workers, SIGTERM);
-    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
-    kill_pending = true;
-  };
-
-  for (auto& w : workers) {
-    if (auto error = start(w, options.command)) {
-      start_error = error;
-      stop_all();
-      break;
-    }
-  }
-
-  const auto started = Clock::now();
-  bool said_early_exit = false;
-  std::optional<Clock::time_point> drain_until;  // after the last exit, stray grandchildren may hold pipes
-  for (;;) {
-    bool any_alive = false, any_open = false;
-    for (auto& w : workers) {
-      any_alive |= w.alive;
-      any_open |= w.out.fd >= 0 || w.err.fd >= 0;
-    }
-    if (!any_alive) {
-      if (!any_open) break;
-      if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(1);
-      if (Clock::now() > *drain_until) break;
-    }
-
-    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Stream*, const std::string*>> streams;
-    for (auto& w : workers) {
-      for (Stream* s : {&w.out, &w.err}) {
-        if (s->fd < 0) continue;
-        fds.push_back({s->fd, POLLIN, 0});
-        streams.emplace_back(s, &w.prefix);
-      }
-    }
-    poll(fds.data(), fds.size(), 100);
-
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents != 0) pump(*streams[i - 1].first, *streams[i - 1].second);
-
-    unsigned char signo;
-    while (read(g_signal_pipe[0], &signo, 1) == 1) {
-      if (signo != SIGINT && signo != SIGTERM && signo != SIGHUP) continue;  // SIGCHLD: reaped below
-      ++interrupts;
-      if (interrupt_signal == 0) {
-        interrupt_signal = signo;
-        say("got " + signal_name(signo) + ": forwarding it to the workers (twice more to kill them)");
-      }
-      if (interrupts >= 3) signal_all(workers, SIGKILL);
-      else signal_all(workers, signo == SIGHUP ? SIGTERM : signo);
-    }
-
-    for (size_t i = 0; i < workers.size(); ++i) {
-      Running& w = workers[i];
-      if (!w.alive) continue;
-      pid_t done = waitpid(w.pid, &w.status, WNOHANG);
-      if (done != w.pid) continue;
-      w.alive = false;
-      w.ended = Clock::now();
-      if (failed(w.status) && !failure && !start_error && interrupt_signal == 0) {
-        failure = i;
-        stop_all();
-      }
-    }
-
-    if (!failure && !start_error && interrupt_signal == 0) report_early_exit(workers, started, said_early_exit);
-    if (kill_pending && Clock::now() >= kill_at) {
-      signal_all(workers, SIGKILL);
-      kill_pending = false;
-    }
-  }
-  for (auto& w : workers) {
-    for (Stream* s : {&w.out, &w.err}) {
-      if (s->fd >= 0) close(s->fd);
-      s->emit(w.prefix, true);
-    }
-  }
-
-  if (start_error) {
-    say(*start_error);
-    return 127;
-  }
-  if (interrupt_signal != 0) {
-    if (interrupted) *interrupted = true;
-    say("stopped after " + signal_name(interrupt_signal));
-    return 128 + interrupt_signal;
-  }
-  if (failure) {
-    const Running& w = workers[*failure];
-    std::string stopped, also_failed;
-    for (const auto& o : workers) {
-      if (&o == &w) continue;
-      bool ended_by_us = o.stopped && WIFSIGNALED(o.status) &&
-                         (WTERMSIG(o.status) == SIGTERM || WTERMSIG(o.status) == SIGKILL);
-      if (ended_by_us) stopped += (stopped.empty() ? "" : ", ") + std::to_string(o.spec->rank);
-      else if (failed(o.status))
-        also_failed += "; rank " + std::to_string(o.spec->rank) + " also failed: it " + describe_status(o.status);
-    }
-    say("rank " + std::to_string(w.spec->rank) + " (local rank " + std::to_string(w.spec->local_rank) + ", pid " +
-        std::to_string(w.pid) + ", " + seconds_between(started, w.ended) + " after the start) " + describe_status(w.status) +
-        (stopped.empty() ? "" : "; stopped the other ranks (" + stopped + ")") + also_failed);
-    return exit_code_of(w.status);
-  }
-  return 0;
+  if (!install_signal_pipe()) return 1;
+  Supervision run(options);
+  run.start_all();
+  run.watch();
+  return run.report(interrupted);
 }
 
 }  // namespace amplab::launcher
