@@ -1,7 +1,10 @@
 // The start-up and finish every lab's main() shares (lab_main.hpp).
 #include "amplab/lab_main.hpp"
 
+#include <c10/util/Exception.h>
+
 #include <iostream>
+#include <stdexcept>
 
 #include "amplab/infra/device.hpp"
 #include "amplab/report/plots.hpp"
@@ -27,6 +30,23 @@ void finish_run(const RunDir& run, const Results& results, const std::string& pl
   if (!plot_kind.empty()) make_plots(plot_kind, run);
   write_report(run);
   std::cout << "\nresults: " << run.path() << "/\n";
+}
+
+int run_body(const std::function<int()>& body, const std::string& size_keys) {
+  const std::string lower = size_keys.empty() ? "the sizes set in the config (see --help)" : size_keys;
+  try {
+    return body();
+  } catch (const c10::OutOfMemoryError& e) {
+    std::string message = e.what_without_backtrace();
+    throw std::runtime_error("out of GPU memory: " + message.substr(0, message.find('\n')) + "; lower " + lower);
+  } catch (const c10::Error& e) {
+    std::string message = e.what_without_backtrace();
+    message = message.substr(0, message.find('\n'));
+    if (message.find("can't allocate memory") == std::string::npos) throw;
+    throw std::runtime_error("out of CPU memory: " + message + "; lower " + lower);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("out of CPU memory; lower " + lower);
+  }
 }
 
 }  // namespace detail

@@ -25,6 +25,9 @@ struct LabInfo {
   std::string name;             // "amp_training": configs/<name>.yaml, runs/<name>/, labs/<name>/README.md
   std::string title;            // "Lab 2: AMP training, fp32 vs tf32 vs fp16 vs bf16"
   bool accepts_resume = false;  // --resume and --force are options of this lab
+  // The config keys that set how much memory the lab takes ("amp.mlp.width, amp.mlp.batch"):
+  // running out of CPU or GPU memory names them, with the bytes asked for.
+  std::string size_keys;
 };
 
 // What a lab's body works with.
@@ -48,6 +51,8 @@ namespace detail {
 // Everything lab_main does around the config; defined in lab_main.cpp.
 torch::Device start_run(const RunConfig& run, const std::string& title);
 void finish_run(const RunDir& run, const Results& results, const std::string& plot_kind);
+// Runs `body`; running out of memory becomes one line naming `size_keys`.
+int run_body(const std::function<int()>& body, const std::string& size_keys);
 }  // namespace detail
 
 // Loads the config: the file, its `cpu:` section when run.device resolves to the CPU, then --set.
@@ -90,7 +95,7 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     RunDir run = RunDir::create(config.run, info.name, to_yaml(config));
     torch::Device device = detail::start_run(config.run, info.title);
     Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, ""};
-    const int code = body(lab);
+    const int code = detail::run_body([&] { return body(lab); }, info.size_keys);
     detail::finish_run(lab.run, lab.results, lab.plot_kind);
     return code;
   });

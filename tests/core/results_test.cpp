@@ -70,3 +70,39 @@ TEST(Results, ARowOfTheWrongWidthIsAProgrammingError) {
 
 }  // namespace
 }  // namespace amplab
+
+// lab_main's guard: running out of memory names the keys that set the lab's sizes.
+#include <c10/util/Exception.h>
+
+#include "amplab/lab_main.hpp"
+
+namespace amplab {
+namespace {
+
+std::string error_of(const std::function<int()>& body) {
+  try {
+    detail::run_body(body, "amp.mlp.width, amp.mlp.batch");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LabMain, RunningOutOfMemoryNamesTheSizeKeys) {
+  std::string cpu = error_of([]() -> int {
+    throw c10::Error("DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes.\nmore");
+  });
+  EXPECT_NE(cpu.find("out of CPU memory"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("68719476736 bytes"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("lower amp.mlp.width, amp.mlp.batch"), std::string::npos) << cpu;
+  EXPECT_EQ(cpu.find("more"), std::string::npos) << cpu;
+  std::string gpu = error_of([]() -> int { throw c10::OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"); });
+  EXPECT_NE(gpu.find("out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB; lower amp.mlp.width"), std::string::npos) << gpu;
+  std::string other = error_of([]() -> int { throw c10::Error("Expected all tensors to be on the same device"); });
+  EXPECT_EQ(other.rfind("Expected all tensors to be on the same device", 0), 0u) << other;
+  EXPECT_EQ(other.find("lower"), std::string::npos) << other;
+  EXPECT_EQ(detail::run_body([] { return 7; }, ""), 7);
+}
+
+}  // namespace
+}  // namespace amplab
