@@ -1,15 +1,8 @@
 // Lab 3, memory optimization: where the memory of a training step goes and the four levers that
-// cut it, measured on a deep residual MLP whose activations dominate (24 blocks of a
-// transformer's MLP, width 512, on a GPU).
-//   1. memory (peak allocated, peak reserved) and throughput per batch size, for fp32, fp16-mixed
-//      and bf16-mixed, with and without activation checkpointing, under a memory cap;
-//   2. your batch-size finder: the largest batch that fits and the fastest one (optionally checked
-//      by brute force);
-//   3. gradient accumulation to an effective batch several times the largest that fits, against
-//      the big batch itself (cap lifted): the same loss curve;
-//   4. activation checkpointing: memory saved and time paid, per precision;
-//   5. a memory timeline of one step, forward/backward/optimizer, with and without checkpointing.
-//   build/bin/memory_optimization [--config configs/memory_optimization.yaml] [--set key=value ...]
+// cut it, on a deep residual MLP whose activations dominate (labs/memory_optimization/README.md):
+// 1. memory and throughput per batch size, per precision, with and without checkpointing, under a
+// memory cap; 2. your batch-size finder; 3. gradient accumulation beyond the largest batch, against
+// the big batch itself; 4. activation checkpointing: memory saved, time paid; 5. one step's timeline.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -37,13 +30,13 @@ namespace mo = memory_optimization;
 using amplab::Precision;
 using amplab::Range;
 using nlohmann::json;
+using Names = std::vector<std::string>;
 
-// ---- Config (the CPU's sizes: the `cpu:` section of configs/memory_optimization.yaml) ----------
+// ---- Config (on the CPU, the `cpu:` section of configs/memory_optimization.yaml over it) -------
 
 struct ModelConfig {
   mo::DeepMlpOptions shape;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.field("width", shape.width, "features of the residual stream", Range<int64_t>::between(1, 65536));
     v.field("depth", shape.depth, "residual blocks", Range<int64_t>::between(1, 1024));
     v.field("expansion", shape.expansion, "hidden width of a block = expansion x width", Range<int64_t>::between(1, 64));
@@ -51,25 +44,18 @@ struct ModelConfig {
     v.field("dropout", shape.dropout, "dropout after each block's GELU", Range<double>::between(0, 0.99));
   }
 };
-
 struct BenchConfig {
-  int warmup = 2;
-  int steps = 4;
-  template <class V>
-  void fields(V& v) {
-    v.field("warmup", warmup, "untimed steps per measurement (the first creates the optimizer state)",
-            Range<int64_t>::at_least(0));
+  int warmup = 2, steps = 4;
+  template <class V> void fields(V& v) {
+    v.field("warmup", warmup, "untimed steps per measurement (the first makes the optimizer state)", Range<int64_t>::at_least(0));
     v.field("steps", steps, "timed steps per measurement (median over these)", Range<int64_t>::at_least(1));
   }
 };
-
 struct SweepConfig {
   bool enabled = true;
-  std::vector<std::string> precisions = {"fp32", "fp16-mixed", "bf16-mixed"};
-  std::vector<int64_t> checkpoint_every = {0, 1};
-  std::vector<int64_t> batches = {1024, 2048, 4096, 8192, 16384, 32768};
-  template <class V>
-  void fields(V& v) {
+  Names precisions = {"fp32", "fp16-mixed", "bf16-mixed"};
+  std::vector<int64_t> checkpoint_every = {0, 1}, batches = {1024, 2048, 4096, 8192, 16384, 32768};
+  template <class V> void fields(V& v) {
     v.field("enabled", enabled, "measure memory and throughput per batch size");
     v.field("precisions", precisions, "precisions swept", amplab::enum_choices<Precision>());
     v.field("checkpoint_every", checkpoint_every, "checkpointing settings swept (0: off; k: segments of k blocks)",
@@ -77,16 +63,13 @@ struct SweepConfig {
     v.field("batches", batches, "batch sizes", Range<int64_t>::at_least(1));
   }
 };
-
 struct FinderSection {
-  bool enabled = true;
-  std::vector<std::string> precisions = {"fp32", "bf16-mixed"};
+  bool enabled = true, brute_force = false;
+  Names precisions = {"fp32", "bf16-mixed"};
   mo::BatchFinderConfig search{.start = 256, .multiple_of = 64, .trial_steps = 3};
-  bool brute_force = false;
   int64_t brute_force_step = 64;
   double brute_force_from = 0.5;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.field("enabled", enabled, "find the largest batch that fits and the fastest one");
     v.field("precisions", precisions, "precisions searched", amplab::enum_choices<Precision>());
     v.section("search", search);
@@ -96,51 +79,42 @@ struct FinderSection {
             Range<double>::between(0.01, 1.0));
   }
 };
-
 struct AccumulationSection {
   bool enabled = true;
   std::string precision = "fp32";  // not fp16: it would need the GradScaler per micro-batch
-  int64_t factor = 4;
-  int64_t steps = 10;
-  template <class V>
-  void fields(V& v) {
+  int64_t factor = 4, steps = 10;
+  template <class V> void fields(V& v) {
     v.field("enabled", enabled, "train beyond the largest batch with gradient accumulation");
     v.choice("precision", precision, {"fp32", "tf32", "bf16-mixed"}, "precision of both runs");
     v.field("factor", factor, "effective batch = factor x largest batch that fits", Range<int64_t>::between(2, 1024));
     v.field("steps", steps, "optimizer steps per curve", Range<int64_t>::between(1, 100000));
   }
 };
-
 struct CheckpointSection {
   bool enabled = true;
   int64_t batch = 16384;
-  std::vector<std::string> precisions = {"fp32", "bf16-mixed"};
+  Names precisions = {"fp32", "bf16-mixed"};
   // 0 is the baseline of each precision; 24 blocks in segments of 1, 2, 4, 6 (about sqrt(24): the
   // least memory in theory) and 12: the memory/recompute trade-off along the segment length
   std::vector<int64_t> every = {0, 1, 2, 4, 6, 12};
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.field("enabled", enabled, "compare memory and time with and without checkpointing");
     v.field("batch", batch, "batch size of every setting (memory cap lifted)", Range<int64_t>::at_least(1));
     v.field("precisions", precisions, "precisions compared", amplab::enum_choices<Precision>());
     v.field("every", every, "checkpoint_every settings (0: off, the baseline)", Range<int64_t>::at_least(0));
   }
 };
-
 struct TimelineSection {
   bool enabled = true;
-  int64_t batch = 8192;
-  int64_t every = 1;
+  int64_t batch = 8192, every = 1;
   Precision precision = Precision::fp32;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.field("enabled", enabled, "memory timeline of one step (memory_timeline.csv/.png)");
     v.field("batch", batch, "batch size", Range<int64_t>::at_least(1));
     v.field("every", every, "checkpoint_every of the checkpointed timeline", Range<int64_t>::at_least(1));
     v.field("precision", precision, "precision of both timelines");
   }
 };
-
 struct MemLabConfig {
   double cap_mib = 4096;
   bool plots = true;
@@ -151,12 +125,9 @@ struct MemLabConfig {
   AccumulationSection accumulation;
   CheckpointSection checkpointing;
   TimelineSection timeline;
-  template <class V>
-  void fields(V& v) {
-    v.field("cap_mib", cap_mib,
-            "memory limit (MiB) of the sweep, finder and accumulation: on a GPU the caching allocator's cap "
-            "(0: none), on the CPU a simulated limit on estimate_memory() (RSS has none to hit)",
-            Range<double>::at_least(0));
+  template <class V> void fields(V& v) {
+    v.field("cap_mib", cap_mib, "memory limit (MiB) of the sweep, finder and accumulation: on a GPU the caching "
+            "allocator's cap (0: none), on the CPU a simulated limit on estimate_memory()", Range<double>::at_least(0));
     v.field("plots", plots, "write memory_batch.png and memory_timeline.png (needs matplotlib)");
     v.section("model", model);
     v.section("bench", bench);
@@ -167,24 +138,20 @@ struct MemLabConfig {
     v.section("timeline", timeline);
   }
 };
-
 // What the training step needs from the trainer config (precision is set per row).
 struct StepSettings {
   amplab::OptimizerConfig optimizer;
   amplab::GradScalerConfig grad_scaler;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.section("optimizer", optimizer);
     v.section("grad_scaler", grad_scaler);
   }
 };
-
 struct LabConfig {
   amplab::RunConfig run;
   StepSettings train;
   MemLabConfig mem;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.section("run", run);
     v.section("train", train);
     v.section("mem", mem);
@@ -194,12 +161,24 @@ struct LabConfig {
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 std::string percent(double fraction) { return amplab::fixed(100.0 * fraction, 0) + "%"; }
 json value_if(bool known, double value) { return known ? json(value) : json(); }
+const amplab::Show integer = amplab::decimals(0);
 
 std::string setting_name(Precision precision, int64_t every) {
-  std::string name = amplab::to_string(precision);
-  if (every == 1) name += " + checkpointing";
-  if (every > 1) name += " + checkpointing/" + std::to_string(every);
-  return name;
+  return amplab::to_string(precision) + (every == 1 ? " + checkpointing" : "") +
+         (every > 1 ? " + checkpointing/" + std::to_string(every) : "");
+}
+
+// The precisions of `names` this device runs; each other one noted in `notes`.
+std::vector<Precision> supported(const Names& names, const std::string& key, torch::Device device, std::string& notes) {
+  std::vector<Precision> out;
+  for (const auto& name : names) {
+    std::string why;
+    if (amplab::is_supported(amplab::enum_from_string<Precision>(name, key), device, &why))
+      out.push_back(amplab::enum_from_string<Precision>(name, key));
+    else
+      notes += "  " + name + ": skipped, " + why + "\n";
+  }
+  return out;
 }
 
 // A table with lines between its title and its rows.
@@ -252,11 +231,8 @@ struct Harness {
   }
   // Untracked by default: the tracker resets peaks per phase, it would spoil the step's peak.
   amplab::Trainer trainer(Precision precision, bool track = false) const {
-    amplab::TrainConfig t;
-    t.precision = precision;
-    t.optimizer = config.train.optimizer;
-    t.grad_scaler = config.train.grad_scaler;
-    t.progress = false;
+    amplab::TrainConfig t{.precision = precision, .progress = false, .optimizer = config.train.optimizer,
+                          .grad_scaler = config.train.grad_scaler};
     amplab::MemoryConfig memory;
     memory.track = track;
     return amplab::Trainer(model.ptr(), [m = model](const amplab::Batch& b) mutable { return mo::loss_of(m, b); }, t,
@@ -273,18 +249,17 @@ struct Harness {
     model->zero_grad(/*set_to_none=*/true);
     amplab::free_cached_memory(device);
   }
-  bool momentum() const { return config.train.optimizer.name != "sgd" || config.train.optimizer.momentum > 0; }
   mo::MemoryEstimate estimate(Precision precision, int64_t every) const {
-    return mo::estimate_memory(shape, precision, every, momentum());
+    const auto& o = config.train.optimizer;
+    return mo::estimate_memory(shape, precision, every, /*momentum=*/o.name != "sgd" || o.momentum > 0);
   }
-  double estimate_mib(Precision precision, int64_t every, int64_t batch) const {
-    return mib(estimate(precision, every).at(batch));
-  }
+  double estimate_mib(Precision p, int64_t every, int64_t batch) const { return mib(estimate(p, every).at(batch)); }
   // CPU: the simulated limit (RSS has none to hit). GPU: none; running out of memory decides.
   mo::FitsFn simulated_fits(Precision precision, int64_t every) const {
     if (!cpu) return {};
-    const double limit = mem.cap_mib * (1 << 20);
-    return [e = estimate(precision, every), limit](int64_t batch) { return static_cast<double>(e.at(batch)) <= limit; };
+    return [e = estimate(precision, every), limit = mem.cap_mib * (1 << 20)](int64_t batch) {
+      return static_cast<double>(e.at(batch)) <= limit;
+    };
   }
   void set_cap(int64_t bytes) {
     if (cpu) return;
@@ -297,22 +272,21 @@ struct Harness {
 void describe_setup(Harness& h, amplab::Results& results) {
   const auto& s = h.shape;
   const auto e = h.estimate(Precision::fp32, 0);
+  const double cap_mib = h.mem.cap_mib;
   std::cout << "model: " << s.depth << " residual blocks x + Linear(" << s.expansion * s.width << ", " << s.width
             << ")(GELU(Linear(" << s.width << ", " << s.expansion * s.width << ")(LayerNorm(x)))), head " << s.classes
             << " classes; " << amplab::fixed(h.parameters / 1e6, 2) << " M parameters ("
-            << amplab::fixed(mib(h.parameters * 4), 0) << " MiB fp32)\n"
-            << "estimated need, fp32: " << amplab::fixed(mib(e.fixed), 0)
-            << " MiB fixed (weights, optimizer state) + the larger of " << amplab::fixed(mib(e.gradients), 0)
-            << " MiB of gradients (at the optimizer step) and " << amplab::fixed(e.per_sample / 1024.0, 1)
+            << amplab::fixed(mib(h.parameters * 4), 0) << " MiB fp32)\nestimated need, fp32: "
+            << amplab::fixed(mib(e.fixed), 0) << " MiB fixed (weights, optimizer state) + the larger of "
+            << amplab::fixed(mib(e.gradients), 0) << " MiB of gradients (at the optimizer step) and "
+            << amplab::fixed(e.per_sample / 1024.0, 1)
             << " KiB per sample (activations, when backward starts): the activations are the larger from batch "
             << (e.per_sample > 0 ? e.gradients / e.per_sample + 1 : 0) << " up\n";
-  const double cap_mib = h.mem.cap_mib;
   if (h.cpu) {
     std::cout << "(CPU run: the small sizes of the config's cpu: section; memory is the process RSS and the memory "
-                 "limit is simulated ("
-              << amplab::fixed(cap_mib, 0)
-              << " MiB of estimated need). Peak allocated vs reserved, real out-of-memory errors,\n"
-                 " fp16-mixed and the memory savings need a GPU: run this on a GPU machine for the numbers that matter.)\n";
+                 "limit is simulated (" << amplab::fixed(cap_mib, 0) << " MiB of estimated need). Peak allocated vs "
+                 "reserved, real out-of-memory errors,\n fp16-mixed and the memory savings need a GPU: run this on a "
+                 "GPU machine for the numbers that matter.)\n";
   } else if (cap_mib > 0) {
     h.set_cap(static_cast<int64_t>(cap_mib * static_cast<double>(1 << 20)));
     std::cout << "GPU memory capped at " << amplab::fixed(cap_mib / 1024, 1) << " GiB of "
@@ -352,30 +326,21 @@ double samples_per_second(const mo::Measurement& m, int64_t batch) {
 // ---- 1. Memory and throughput per batch size ------------------------------------------------------
 
 void sweep(Harness& h, amplab::Results& results) {
-  const auto& c = h.mem.sweep;
   const bool cpu = h.cpu;  // on the CPU every OOM is the simulated limit's
-  amplab::Show fits_text = [cpu](const json& v) -> std::string {
-    return v.is_null() ? "(skipped)" : v.get<bool>() ? "yes" : cpu ? "OOM (simulated)" : "OOM";
-  };
   auto& table = results.table("memory_per_batch",
-      {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""}, {"batch", "batch", amplab::decimals(0)},
-       {"fits", "fits", fits_text}, {"simulated", ""}, {"peak_mib", "peak alloc MiB", amplab::decimals(0)},
-       {"reserved_mib", "peak reserved MiB", amplab::decimals(0)}, {"estimate_mib", "estimate MiB", amplab::decimals(0)},
-       {"step_ms", "ms/step", amplab::decimals(2)}, {"samples_per_s", "samples/s", amplab::decimals(0)},
-       {"memory_source", ""}, {"error", ""}});
+      {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""}, {"batch", "batch", integer},
+       {"fits", "fits", [cpu](const json& v) -> std::string {
+          return v.is_null() ? "(skipped)" : v.get<bool>() ? "yes" : cpu ? "OOM (simulated)" : "OOM"; }},
+       {"simulated", ""}, {"peak_mib", "peak alloc MiB", integer}, {"reserved_mib", "peak reserved MiB", integer},
+       {"estimate_mib", "estimate MiB", integer}, {"step_ms", "ms/step", amplab::decimals(2)},
+       {"samples_per_s", "samples/s", integer}, {"memory_source", ""}, {"error", ""}});
   std::string notes;
-  for (const auto& name : c.precisions) {
-    Precision precision = amplab::enum_from_string<Precision>(name, "mem.sweep.precisions");
-    std::string why;
-    if (!amplab::is_supported(precision, h.device, &why)) {
-      notes += "  " + name + ": skipped, " + why + "\n";
-      continue;
-    }
-    for (int64_t every : c.checkpoint_every) {
-      const std::string setting = setting_name(precision, every);
+  for (Precision precision : supported(h.mem.sweep.precisions, "mem.sweep.precisions", h.device, notes)) {
+    for (int64_t every : h.mem.sweep.checkpoint_every) {
+      const std::string setting = setting_name(precision, every), name = amplab::to_string(precision);
       auto fits = h.simulated_fits(precision, every);
       bool failed_smaller = false;  // a setting stops at its first OOM
-      for (int64_t batch : c.batches) {
+      for (int64_t batch : h.mem.sweep.batches) {
         const double estimate = h.estimate_mib(precision, every, batch);
         if (failed_smaller) {
           table.add({setting, name, every, batch, nullptr, nullptr, nullptr, nullptr, estimate, nullptr, nullptr,
@@ -398,14 +363,12 @@ void sweep(Harness& h, amplab::Results& results) {
     }
   }
   const std::string capped = h.cap_bytes > 0 ? " (GPU capped at " + amplab::fixed(mib(h.cap_bytes) / 1024, 1) + " GiB)" : "";
-  results.print("memory_per_batch", "1. Memory and throughput per batch size" + capped,
-                notes + (cpu ? "memory: process RSS high-water mark (it includes everything else in the process and "
-                               "rarely shrinks);\n'fits' is decided by a simulated limit of " +
-                                   amplab::fixed(h.mem.cap_mib, 0) +
-                                   " MiB on estimate_memory(). Peak allocated/reserved and real OOMs need a GPU.\n"
-                             : "peak alloc: bytes held by tensors; peak reserved: bytes the caching allocator took "
-                               "from the driver\n(the difference is cached free blocks and fragmentation). A setting "
-                               "stops at its first OOM.\n"));
+  results.print("memory_per_batch", "1. Memory and throughput per batch size" + capped, notes + (cpu
+      ? "memory: process RSS high-water mark (it includes everything else in the process and rarely shrinks);\n'fits' "
+        "is decided by a simulated limit of " + amplab::fixed(h.mem.cap_mib, 0) +
+        " MiB on estimate_memory(). Peak allocated/reserved and real OOMs need a GPU.\n"
+      : "peak alloc: bytes held by tensors; peak reserved: bytes the caching allocator took from the driver\n(the "
+        "difference is cached free blocks and fragmentation). A setting stops at its first OOM.\n"));
 }
 
 // ---- 2. The batch-size finder -----------------------------------------------------------------------
@@ -425,34 +388,28 @@ void add_trial(amplab::ResultTable* trials, Precision precision, const std::stri
 
 // The finder's check: a linear scan from a fraction of its answer up to the first batch that fails.
 void scan_linearly(Harness& h, const mo::BatchStep& step, amplab::Trainer& trainer, const mo::FitsFn& fits,
-                   FinderResult& result, amplab::ResultTable* trials) {
+                   FinderResult& r, amplab::ResultTable* trials) {
   const auto& c = h.mem.finder;
   amplab::TrainingSnapshot snapshot(*h.model, &trainer.optimizer());
   const int64_t m = c.brute_force_step;
-  int64_t batch = mo::round_down_to(static_cast<int64_t>(static_cast<double>(result.search.largest_fit) * c.brute_force_from), m);
-  int64_t last_fit = 0;
-  int scanned = 0;
-  bool hit_oom = false;
+  int64_t batch = mo::round_down_to(static_cast<int64_t>(static_cast<double>(r.search.largest_fit) * c.brute_force_from), m);
   // Up to twice the finder's first OOM at most: a scan that gets there without failing has
   // shown the finder wrong already.
-  const int64_t scan_max = std::min(c.search.max_batch, 2 * std::max(result.search.smallest_oom, result.search.largest_fit));
-  amplab::log::info("brute force: " + amplab::to_string(result.precision) + " from batch " + std::to_string(batch) +
+  const int64_t scan_max = std::min(c.search.max_batch, 2 * std::max(r.search.smallest_oom, r.search.largest_fit));
+  amplab::log::info("brute force: " + amplab::to_string(r.precision) + " from batch " + std::to_string(batch) +
                     " in steps of " + std::to_string(m));
-  for (; batch <= scan_max; batch += m) {
+  int scanned = 0;
+  bool hit_oom = false;
+  for (; batch <= scan_max && !hit_oom; batch += m, ++scanned) {
     mo::BatchTrial t = mo::try_batch(step, *h.model, h.device, batch, c.search, fits);
     snapshot.restore();
-    ++scanned;
-    add_trial(trials, result.precision, "brute_force", t);
-    if (!t.fits) {
-      hit_oom = true;
-      break;
-    }
-    last_fit = batch;
+    add_trial(trials, r.precision, "brute_force", t);
+    hit_oom = !t.fits;
+    if (t.fits) r.brute_force_limit = batch;
   }
-  result.brute_force_limit = last_fit;
-  result.brute_force_note = std::to_string(scanned) + " batches scanned in steps of " + std::to_string(m);
-  if (!hit_oom) result.brute_force_note += "; stopped at " + std::to_string(scan_max) + " without an OOM";
-  if (last_fit == 0) result.brute_force_note += "; the scan's first batch did not fit (memory not monotonic in batch?)";
+  r.brute_force_note = std::to_string(scanned) + " batches scanned in steps of " + std::to_string(m);
+  if (!hit_oom) r.brute_force_note += "; stopped at " + std::to_string(scan_max) + " without an OOM";
+  if (r.brute_force_limit == 0) r.brute_force_note += "; the scan's first batch did not fit (memory not monotonic in batch?)";
 }
 
 // Your finder at one precision; its trials go to `trials` when given.
@@ -473,17 +430,14 @@ FinderResult find_batch(Harness& h, Precision precision, amplab::ResultTable* tr
 std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
   const auto& c = h.mem.finder;
   std::vector<FinderResult> found;
+  std::string unused;
   auto& trials = results.table("finder", {{"precision", ""}, {"phase", ""}, {"batch", ""}, {"fits", ""}, {"simulated", ""},
-                                          {"step_ms", ""}, {"samples_per_s", ""}, {"peak_mib", ""}, {"reserved_mib", ""},
-                                          {"error", ""}});
-  for (const auto& name : c.precisions) {
-    Precision precision = amplab::enum_from_string<Precision>(name, "mem.finder.precisions");
-    if (amplab::is_supported(precision, h.device)) found.push_back(find_batch(h, precision, &trials));
-  }
-  const auto integer = amplab::decimals(0);
+      {"step_ms", ""}, {"samples_per_s", ""}, {"peak_mib", ""}, {"reserved_mib", ""}, {"error", ""}});
+  for (Precision precision : supported(c.precisions, "mem.finder.precisions", h.device, unused))
+    found.push_back(find_batch(h, precision, &trials));
   auto& table = results.table("finder_results",
       {{"precision", "precision"}, {"trials", "trials", integer}, {"largest_fit", "largest fit", integer},
-       {"smallest_oom", "first OOM", [integer](const json& v) { return v == 0 ? std::string("none") : integer(v); }},
+       {"smallest_oom", "first OOM", [](const json& v) { return v == 0 ? std::string("none") : integer(v); }},
        {"recommended", "recommended", integer}, {"best_throughput", "best throughput", integer},
        {"best_samples_per_second", "samples/s", integer}, {"brute_force_limit", "brute-force limit", integer},
        {"finder_over_true", "finder / true", amplab::decimals(3)}, {"brute_force_note", ""}});
@@ -497,17 +451,14 @@ std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
                value_if(ratio > 0, ratio), r.brute_force_note});
     if (checked)
       checks += amplab::to_string(r.precision) + ": the finder's largest batch is " + amplab::fixed(100 * ratio, 1) +
-                "% of the true limit (" + r.brute_force_note + "): within 5%: " +
-                (std::abs(1 - ratio) <= 0.05 ? "yes" : "NO") + "\n";
+                "% of the true limit (" + r.brute_force_note + "): within 5%: " + (std::abs(1 - ratio) <= 0.05 ? "yes" : "NO") + "\n";
   }
-  results.print("finder_results",
-                "2. Batch-size finder (powers of two from " + std::to_string(c.search.start) +
+  results.print("finder_results", "2. Batch-size finder (powers of two from " + std::to_string(c.search.start) +
                     ", then bisection to multiples of " + std::to_string(c.search.multiple_of) + "; " +
                     std::to_string(c.search.trial_steps) + " steps per trial; safety margin " +
                     percent(c.search.safety_margin) + ")",
                 checks + (h.cpu ? "(CPU: 'fits' comes from the simulated limit; on a GPU each trial runs until the "
-                                  "allocator runs out)\n"
-                                : ""));
+                                  "allocator runs out)\n" : ""));
   return found;
 }
 
@@ -515,8 +466,7 @@ std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
 
 struct Curve {
   std::vector<double> loss;  // per optimizer step
-  double peak_mib = 0;
-  double seconds = 0;
+  double peak_mib = 0, seconds = 0;
 };
 
 // `steps` optimizer steps over batches of `effective` samples (the same data for every call),
@@ -585,10 +535,9 @@ void accumulation(Harness& h, const std::vector<FinderResult>& found, amplab::Re
   Curve big = train_curve(h, precision, effective, effective, c.steps);
   h.set_cap(cap);
 
-  auto& table = results.table("accumulation", {{"step", "step", amplab::decimals(0)},
-                                               {"loss_accumulated", "loss, accumulated", amplab::decimals(6)},
-                                               {"loss_big_batch", "loss, big batch", amplab::decimals(6)},
-                                               {"abs_difference", "|difference|", amplab::si_units()}});
+  auto& table = results.table("accumulation", {{"step", "step", integer},
+      {"loss_accumulated", "loss, accumulated", amplab::decimals(6)}, {"loss_big_batch", "loss, big batch", amplab::decimals(6)},
+      {"abs_difference", "|difference|", amplab::si_units()}});
   double max_diff = 0, max_rel = 0;
   for (size_t s = 0; s < accumulated.loss.size(); ++s) {
     const double d = std::abs(accumulated.loss[s] - big.loss[s]);
@@ -602,15 +551,13 @@ void accumulation(Harness& h, const std::vector<FinderResult>& found, amplab::Re
                     {"peak_mib_accumulated", accumulated.peak_mib}, {"peak_mib_big_batch", big.peak_mib},
                     {"seconds_accumulated", accumulated.seconds}, {"seconds_big_batch", big.seconds}});
   print_with_intro(table, title + " (" + c.precision + ")",
-                   "largest batch that fits: " + std::to_string(largest) + "; effective batch " + std::to_string(effective) +
-                       " = " + std::to_string(c.factor) + " x that, in " + std::to_string(chunks) +
-                       " micro-batches of at most " + std::to_string(micro) + " (the finder's recommendation)\n" +
-                       "the effective batch in one step " + big_batch_fits + "\n",
-                   "max |difference| " + amplab::si(max_diff) + " (relative " + amplab::si(max_rel) +
-                       "): the same curve, up to float rounding\npeak memory: accumulated " +
-                       amplab::fixed(accumulated.peak_mib, 0) + " MiB, big batch " + amplab::fixed(big.peak_mib, 0) +
-                       " MiB" + (h.cpu ? " (RSS high-water marks)" : " (cap lifted for it)") + "; time: " +
-                       amplab::fixed(accumulated.seconds, 2) + " s vs " + amplab::fixed(big.seconds, 2) + " s\n");
+      "largest batch that fits: " + std::to_string(largest) + "; effective batch " + std::to_string(effective) + " = " +
+          std::to_string(c.factor) + " x that, in " + std::to_string(chunks) + " micro-batches of at most " +
+          std::to_string(micro) + " (the finder's recommendation)\nthe effective batch in one step " + big_batch_fits + "\n",
+      "max |difference| " + amplab::si(max_diff) + " (relative " + amplab::si(max_rel) + "): the same curve, up to float "
+          "rounding\npeak memory: accumulated " + amplab::fixed(accumulated.peak_mib, 0) + " MiB, big batch " +
+          amplab::fixed(big.peak_mib, 0) + " MiB" + (h.cpu ? " (RSS high-water marks)" : " (cap lifted for it)") +
+          "; time: " + amplab::fixed(accumulated.seconds, 2) + " s vs " + amplab::fixed(big.seconds, 2) + " s\n");
 }
 
 // ---- 4. Activation checkpointing ----------------------------------------------------------------------
@@ -620,29 +567,6 @@ struct CheckpointRow {
   int64_t every;
   mo::Measurement m;
 };
-
-std::vector<CheckpointRow> measure_checkpointing(Harness& h, std::string& notes) {
-  const auto& c = h.mem.checkpointing;
-  std::vector<CheckpointRow> rows;
-  for (int64_t every : c.every)
-    if (every >= h.shape.depth)
-      notes += "  checkpointing/" + std::to_string(every) + ": left out, one segment of all " +
-               std::to_string(h.shape.depth) + " blocks is no checkpointing\n";
-  for (const auto& name : c.precisions) {
-    Precision precision = amplab::enum_from_string<Precision>(name, "mem.checkpointing.precisions");
-    std::string why;
-    if (!amplab::is_supported(precision, h.device, &why)) {
-      notes += "  " + name + ": skipped, " + why + "\n";
-      continue;
-    }
-    for (int64_t every : c.every) {
-      if (every >= h.shape.depth) continue;
-      amplab::log::info("checkpointing: " + setting_name(precision, every) + ", batch " + std::to_string(c.batch));
-      rows.push_back({precision, every, run_setting(h, precision, every, c.batch)});
-    }
-  }
-  return rows;
-}
 
 // The lab's targets, stated where they are measured.
 std::string checkpointing_targets(const CheckpointRow& r, const mo::Comparison& same, const mo::Comparison& vs_fp32) {
@@ -659,48 +583,53 @@ std::string checkpointing_targets(const CheckpointRow& r, const mo::Comparison& 
 }
 
 void checkpointing(Harness& h, amplab::Results& results) {
-  const int64_t batch = h.mem.checkpointing.batch;
+  const auto& c = h.mem.checkpointing;
   std::string notes, checks;
-  const auto rows = measure_checkpointing(h, notes);
+  for (int64_t every : c.every)
+    if (every >= h.shape.depth)
+      notes += "  checkpointing/" + std::to_string(every) + ": left out, one segment of all " +
+               std::to_string(h.shape.depth) + " blocks is no checkpointing\n";
+  std::vector<CheckpointRow> rows;
+  for (Precision precision : supported(c.precisions, "mem.checkpointing.precisions", h.device, notes))
+    for (int64_t every : c.every) {
+      if (every >= h.shape.depth) continue;
+      amplab::log::info("checkpointing: " + setting_name(precision, every) + ", batch " + std::to_string(c.batch));
+      rows.push_back({precision, every, run_setting(h, precision, every, c.batch)});
+    }
   const auto baseline = [&rows](Precision precision) -> const CheckpointRow* {
     for (const auto& b : rows)
       if (b.precision == precision && b.every == 0) return &b;
     return nullptr;
   };
-  const CheckpointRow* fp32_plain = baseline(Precision::fp32);
-  const auto integer = amplab::decimals(0);
-  auto& table = results.table("checkpointing",
-      {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""}, {"batch", ""}, {"fits", ""},
-       {"peak_mib", "peak alloc MiB", [integer](const json& v) { return v.is_null() ? std::string("OOM") : integer(v); }},
-       {"reserved_mib", "peak reserved MiB", integer}, {"estimate_mib", "estimate MiB", integer},
-       {"step_ms", "ms/step", amplab::decimals(2)}, {"samples_per_s", "samples/s", integer},
-       {"memory_saving", "memory saving", amplab::times(2)},
-       {"time_overhead", "time overhead",
-        [](const json& v) { return v.is_null() ? "-" : (v.get<double>() >= 0 ? "+" : "") + percent(v.get<double>()); }},
-       {"memory_saving_vs_fp32", "saving vs fp32", amplab::times(2)}, {"time_overhead_vs_fp32", ""},
-       {"estimated_saving_vs_fp32", "est. saving vs fp32", amplab::times(2)}, {"error", ""}});
+  auto& table = results.table("checkpointing", {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""},
+      {"batch", ""}, {"fits", ""},
+      {"peak_mib", "peak alloc MiB", [](const json& v) { return v.is_null() ? std::string("OOM") : integer(v); }},
+      {"reserved_mib", "peak reserved MiB", integer}, {"estimate_mib", "estimate MiB", integer},
+      {"step_ms", "ms/step", amplab::decimals(2)}, {"samples_per_s", "samples/s", integer},
+      {"memory_saving", "memory saving", amplab::times(2)},
+      {"time_overhead", "time overhead",
+       [](const json& v) { return v.is_null() ? "-" : (v.get<double>() >= 0 ? "+" : "") + percent(v.get<double>()); }},
+      {"memory_saving_vs_fp32", "saving vs fp32", amplab::times(2)}, {"time_overhead_vs_fp32", ""},
+      {"estimated_saving_vs_fp32", "est. saving vs fp32", amplab::times(2)}, {"error", ""}});
   for (const auto& r : rows) {
-    const CheckpointRow* base = baseline(r.precision);
+    const CheckpointRow *base = baseline(r.precision), *fp32 = baseline(Precision::fp32);
     const mo::Comparison same = base ? mo::compare(base->m, r.m) : mo::Comparison{};
-    const mo::Comparison vs_fp32 = fp32_plain ? mo::compare(fp32_plain->m, r.m) : mo::Comparison{};
-    const double estimate = h.estimate_mib(r.precision, r.every, batch);
-    table.add({setting_name(r.precision, r.every), amplab::to_string(r.precision), r.every, batch, r.m.fits,
+    const mo::Comparison vs_fp32 = fp32 ? mo::compare(fp32->m, r.m) : mo::Comparison{};
+    const double estimate = h.estimate_mib(r.precision, r.every, c.batch);
+    table.add({setting_name(r.precision, r.every), amplab::to_string(r.precision), r.every, c.batch, r.m.fits,
                value_if(r.m.fits, r.m.peak_allocated_mib), value_if(r.m.fits, r.m.peak_reserved_mib), estimate,
-               value_if(r.m.fits, r.m.step_ms), value_if(r.m.fits, samples_per_second(r.m, batch)),
+               value_if(r.m.fits, r.m.step_ms), value_if(r.m.fits, samples_per_second(r.m, c.batch)),
                value_if(same.memory_saving > 0, same.memory_saving),
                value_if(r.every > 0 && same.memory_saving > 0, same.time_overhead),
                value_if(vs_fp32.memory_saving > 0, vs_fp32.memory_saving),
                value_if(vs_fp32.memory_saving > 0, vs_fp32.time_overhead),
-               h.estimate_mib(Precision::fp32, 0, batch) / estimate, r.m.error});
+               h.estimate_mib(Precision::fp32, 0, c.batch) / estimate, r.m.error});
     checks += checkpointing_targets(r, same, vs_fp32);
   }
-  print_with_intro(table, "4. Activation checkpointing (batch " + std::to_string(batch) + (h.cpu ? "" : ", no memory cap") + ")",
-                   "memory saving and time overhead against the same precision without checkpointing; "
-                   "'checkpointing/k': segments of k blocks\n",
-                   notes + (h.cpu ? "(CPU: the peaks are RSS high-water marks of the whole process and barely move; the "
-                                    "estimates show\n what a GPU allocator would be asked for. The savings need a GPU to "
-                                    "measure.)\n"
-                                  : checks));
+  print_with_intro(table, "4. Activation checkpointing (batch " + std::to_string(c.batch) + (h.cpu ? "" : ", no memory cap") + ")",
+      "memory saving and time overhead against the same precision without checkpointing; 'checkpointing/k': segments "
+      "of k blocks\n", notes + (h.cpu ? "(CPU: the peaks are RSS high-water marks of the whole process and barely move; "
+      "the estimates show\n what a GPU allocator would be asked for. The savings need a GPU to measure.)\n" : checks));
 }
 
 // ---- 5. Memory timeline of one step -------------------------------------------------------------------
@@ -737,29 +666,28 @@ void timeline(Harness& h, amplab::Results& results) {
   std::string why;
   if (!amplab::is_supported(c.precision, h.device, &why))
     return skip(results, "memory_timeline", "5. Memory timeline", "skipped: " + why, why);
-  const auto integer = amplab::decimals(0);
   results.table("memory_timeline", {{"setting", ""}, {"sample", ""}, {"step", ""}, {"phase", ""}, {"event", ""},
-                                    {"seconds", ""}, {"allocated_mib", ""}, {"reserved_mib", ""},
-                                    {"peak_allocated_mib", ""}, {"source", ""}});
+      {"seconds", ""}, {"allocated_mib", ""}, {"reserved_mib", ""}, {"peak_allocated_mib", ""}, {"source", ""}});
   results.table("memory_timeline_peaks", {{"setting", "setting"}, {"forward_peak_mib", "forward peak MiB", integer},
-                                          {"backward_peak_mib", "backward peak MiB", integer},
-                                          {"optimizer_peak_mib", "optimizer peak MiB", integer},
-                                          {"samples", "samples", integer}});
+      {"backward_peak_mib", "backward peak MiB", integer}, {"optimizer_peak_mib", "optimizer peak MiB", integer},
+      {"samples", "samples", integer}});
   for (int64_t every : {int64_t{0}, c.every})
     record_timeline(h, every, results.table("memory_timeline"), results.table("memory_timeline_peaks"));
-  results.print("memory_timeline_peaks",
-                "5. Memory timeline of one step (" + amplab::to_string(c.precision) + ", batch " +
-                    std::to_string(c.batch) + "; a sample after each block's forward and when backward reaches it)",
-                "without checkpointing, memory climbs through the forward pass (every block's activations kept) and\n"
-                "falls through backward; with it, the forward climbs by one input per block, and backward recomputes\n"
-                "one segment at a time. memory_timeline.csv / memory_timeline.png\n");
+  results.print("memory_timeline_peaks", "5. Memory timeline of one step (" + amplab::to_string(c.precision) +
+      ", batch " + std::to_string(c.batch) + "; a sample after each block's forward and when backward reaches it)",
+      "without checkpointing, memory climbs through the forward pass (every block's activations kept) and\nfalls "
+      "through backward; with it, the forward climbs by one input per block, and backward recomputes\none segment at "
+      "a time. memory_timeline.csv / memory_timeline.png\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   return amplab::lab_main<LabConfig>(
-      argc, argv, {"memory_optimization", "Lab 3: memory optimization (batch size, precision, accumulation, checkpointing)"},
+      argc, argv,
+      {.name = "memory_optimization",
+       .title = "Lab 3: memory optimization (batch size, precision, accumulation, checkpointing)",
+       .size_keys = "mem.model.width, mem.model.depth, mem.accumulation.factor or mem.timeline.batch"},
       [](amplab::Lab<LabConfig>& lab) {
         const auto& mem = lab.config.mem;
         Harness h(lab);
