@@ -12,10 +12,13 @@
 #include "amplab/data/idx.hpp"
 #include "amplab/data/mnist.hpp"
 #include "amplab/data/sampler.hpp"
+#include "idx_files.hpp"
 #include "support.hpp"
 
 namespace amplab {
 namespace {
+
+using test::encode_idx;
 
 IdxArray make_images(int64_t n) {
   IdxArray a;

@@ -16,11 +16,14 @@
 #include "amplab/state/checkpoint.hpp"
 #include "amplab/data/idx.hpp"
 #include "amplab/infra/files.hpp"
+#include "idx_files.hpp"
 #include "process.hpp"
 #include "support.hpp"
 
 namespace amplab {
 namespace {
+
+using test::encode_idx;
 
 std::string lab_binary(const std::string& name) { return test::binary_dir() + "/bin/" + name; }
 

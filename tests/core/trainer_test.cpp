@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "amplab/state/checkpoint.hpp"
 #include "amplab/train/loop.hpp"
@@ -171,6 +172,14 @@ FitOptions quiet_options() {
   return o;
 }
 
+// Forgets the signal a test raised, so that the next fit() does not stop at once and a second
+// raise is not taken for the second Ctrl-C: the handler is removed and installed afresh (a new
+// handler starts with no signal).
+void forget_interrupt(std::optional<InterruptHandler>& handler) {
+  handler.reset();
+  handler.emplace();
+}
+
 TEST(Loop, DivergenceGuardStopsOnNonFiniteLoss) {
   torch::manual_seed(0);
   ToyData data(64);
@@ -289,7 +298,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
     config.optimizer.schedule = "linear";
     config.optimizer.warmup = 0.2;
   }
-  InterruptHandler handler;
+  std::optional<InterruptHandler> handler(std::in_place);
   int64_t micro_batches = 0;
   LossFn loss = [&, inner = cross_entropy(net)](const Batch& batch) {
     if (++micro_batches == 2 * interrupt_after) std::raise(SIGINT);
@@ -302,7 +311,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
   options.resume = resume;
   options.data_seed = 3;
   auto result = fit(trainer, batches, options);
-  clear_interrupt();
+  forget_interrupt(handler);
   if (epochs) *epochs = result.epochs;
   EXPECT_EQ(result.status, interrupt_after > 0 ? FitStatus::interrupted : FitStatus::completed) << result.message;
   EXPECT_EQ(trainer.global_step(), interrupt_after > 0 ? interrupt_after : 15);
@@ -456,7 +465,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   torch::manual_seed(0);
   ToyData data(32);
   auto net = std::make_shared<Net>();
-  InterruptHandler handler;
+  std::optional<InterruptHandler> handler(std::in_place);
   int64_t calls = 0;
   LossFn loss = [&, inner = cross_entropy(net)](const Batch& b) {
     if (++calls == 6) std::raise(SIGINT);
@@ -471,7 +480,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   options.checkpoint.every_steps = 4;
   options.checkpoint.on_interrupt = false;
   auto result = fit(trainer, batches, options);
-  clear_interrupt();
+  forget_interrupt(handler);
   EXPECT_EQ(result.status, FitStatus::interrupted);
   EXPECT_TRUE(test::throws_with([&] { throw Error(result.message); },
                                 {"interrupted at epoch 1 step 6", "no checkpoint saved (checkpoint.on_interrupt=false)",
@@ -488,7 +497,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
     return nlohmann::json::object();
   };
   auto finished = fit(last, batches, at_end);
-  clear_interrupt();
+  forget_interrupt(handler);
   EXPECT_EQ(finished.status, FitStatus::interrupted);
   EXPECT_EQ(finished.epochs.size(), 2u);
   EXPECT_TRUE(test::throws_with([&] { throw Error(finished.message); },

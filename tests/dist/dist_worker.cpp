@@ -191,20 +191,14 @@ int collectives() {
   comm->barrier();
   ok("all-gather and barrier");
 
-  // GradScaler's found_inf: one rank's inf makes every rank skip; none, and all step.
-  auto found_inf = on_device(torch::full({1}, r == W - 1 ? 1.0f : 0.0f));
-  dist::agree_on_found_inf(*comm, found_inf);
-  expect(found_inf.item<float>() == 1.0f, "found_inf on one rank reaches all", std::to_string(found_inf.item<float>()));
-  auto none_found = on_device(torch::zeros({1}));
-  dist::agree_on_found_inf(*comm, none_found);
-  expect(none_found.item<float>() == 0.0f, "no inf anywhere stays 0");
+  // The mean of a metric across ranks.
   auto loss_mean = dist::mean_across_ranks(*comm, on_device(torch::tensor(static_cast<float>(r))));
   auto count_mean = dist::mean_across_ranks(*comm, on_device(torch::tensor(static_cast<int64_t>(2 * r))));
   expect(loss_mean.scalar_type() == torch::kFloat32 && loss_mean.item<double>() == (W - 1) / 2.0,
          "mean of a float metric", std::to_string(loss_mean.item<double>()));
   expect(count_mean.scalar_type() == torch::kFloat64 && count_mean.item<double>() == W - 1.0,
          "mean of an integer metric is float64", std::to_string(count_mean.item<double>()));
-  ok("found_inf and metric helpers");
+  ok("metric helpers");
 
   // The store must not grow with the number of collectives.
   comm->barrier();

@@ -25,6 +25,7 @@
 #include "amplab/data/idx.hpp"
 #include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
+#include "idx_files.hpp"
 #include "mechanisms.hpp"
 #include "process.hpp"
 #include "support.hpp"
@@ -913,8 +914,8 @@ std::string write_dataset(const test::TempDir& dir) {
     auto pixels = torch::randint(0, 256, {n * 28 * 28}, torch::kUInt8);
     images.data.assign(pixels.data_ptr<uint8_t>(), pixels.data_ptr<uint8_t>() + pixels.numel());
     for (int i = 0; i < n; ++i) labels.data.push_back(static_cast<uint8_t>(i % 10));
-    dir.write(std::string("data/") + split + "-images-idx3-ubyte", amplab::encode_idx(images, false));
-    dir.write(std::string("data/") + split + "-labels-idx1-ubyte", amplab::encode_idx(labels, false));
+    dir.write(std::string("data/") + split + "-images-idx3-ubyte", test::encode_idx(images, false));
+    dir.write(std::string("data/") + split + "-labels-idx1-ubyte", test::encode_idx(labels, false));
   }
   return dir.file("data");
 }

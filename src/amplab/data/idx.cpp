@@ -68,10 +68,6 @@ uint32_t read_be32(const std::string& bytes, size_t offset) {
   return (b(0) << 24) | (b(1) << 16) | (b(2) << 8) | b(3);
 }
 
-void write_be32(std::string& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
-}
-
 }  // namespace
 
 IdxArray parse_idx(const std::string& file_bytes, const std::string& name) {
@@ -124,24 +120,6 @@ IdxArray read_idx(const std::string& path) {
   buffer << in.rdbuf();
   if (in.bad()) throw Error(path + ": read error");
   return parse_idx(buffer.str(), path);
-}
-
-std::string encode_idx(const IdxArray& array, bool gzip) {
-  std::string raw{'\0', '\0', static_cast<char>(kTypeUnsignedByte), static_cast<char>(array.dims.size())};
-  for (auto d : array.dims) write_be32(raw, static_cast<uint32_t>(d));
-  raw.append(array.data.begin(), array.data.end());
-  if (!gzip) return raw;
-  z_stream stream{};
-  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&stream, raw.size()) + 32, '\0');
-  stream.next_in = reinterpret_cast<Bytef*>(raw.data());
-  stream.avail_in = static_cast<uInt>(raw.size());
-  stream.next_out = reinterpret_cast<Bytef*>(out.data());
-  stream.avail_out = static_cast<uInt>(out.size());
-  deflate(&stream, Z_FINISH);
-  out.resize(stream.total_out);
-  deflateEnd(&stream);
-  return out;
 }
 
 }  // namespace amplab

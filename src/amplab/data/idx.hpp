@@ -21,7 +21,4 @@ IdxArray read_idx(const std::string& path);
 // The same from bytes already in memory (plain or gzip); `name` stands for the file in errors.
 IdxArray parse_idx(const std::string& bytes, const std::string& name);
 
-// Encodes an array as IDX bytes (gzip-compressed when `gzip`): tests write their own tiny files.
-std::string encode_idx(const IdxArray& array, bool gzip);
-
 }  // namespace amplab

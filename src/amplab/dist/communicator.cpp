@@ -105,14 +105,6 @@ std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const Di
   return detail::make_cpu_communicator(world, config);
 }
 
-void agree_on_found_inf(Communicator& comm, torch::Tensor& found_inf) {
-  if (comm.size() == 1) return;
-  torch::NoGradGuard no_grad;
-  comm.all_reduce_sum({found_inf})->wait();
-  // The sum counts the ranks that found one; GradScaler only asks "any?" (0 or 1).
-  found_inf.clamp_max_(1);
-}
-
 torch::Tensor mean_across_ranks(Communicator& comm, const torch::Tensor& value) {
   torch::NoGradGuard no_grad;
   auto dtype = torch::isFloatingType(value.scalar_type()) ? value.scalar_type() : torch::kFloat64;

@@ -92,11 +92,6 @@ std::string resolve_backend(const WorldInfo& world, const DistConfig& config, to
 std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const DistConfig& config,
                                                 torch::Device run_device);
 
-// Makes every rank agree on GradScaler's found_inf (a one-element float tensor on device()):
-// afterwards it is 1 on every rank when any rank found an inf or NaN, so all ranks skip the
-// step together (or all step). Waits for the result.
-void agree_on_found_inf(Communicator& comm, torch::Tensor& found_inf);
-
 // The mean of `value` (any shape) across ranks, for logging metrics such as the loss. Floating
 // tensors keep their dtype; others become float64. Waits for the result.
 torch::Tensor mean_across_ranks(Communicator& comm, const torch::Tensor& value);

@@ -97,16 +97,6 @@ void set_rank(int rank) {
   current() = make_logger();
 }
 
-Level parse_level(const std::string& name) {
-  if (name == "trace") return Level::trace;
-  if (name == "debug") return Level::debug;
-  if (name == "info") return Level::info;
-  if (name == "warn") return Level::warn;
-  if (name == "error") return Level::error;
-  if (name == "off") return Level::off;
-  throw std::invalid_argument("log level '" + name + "' is not allowed; use one of: trace, debug, info, warn, error, off");
-}
-
 namespace {
 std::shared_ptr<spdlog::logger> snapshot() {
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -21,7 +21,6 @@ inline std::span<const std::pair<Level, const char*>> enum_names(Level) { return
 void init(Level console_level, const std::string& file_path = "");
 // In multi-process runs, ranks other than 0 only print warnings and errors, prefixed "[rank N]".
 void set_rank(int rank);
-Level parse_level(const std::string& name);  // trace|debug|info|warn|error|off, else throws
 
 void trace(std::string_view message);
 void debug(std::string_view message);

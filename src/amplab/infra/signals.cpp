@@ -74,6 +74,4 @@ int interrupt_signal() { return g_signal; }
 
 int interrupt_exit_code(int signal) { return 128 + signal; }
 
-void clear_interrupt() { g_signal = 0; }
-
 }  // namespace amplab

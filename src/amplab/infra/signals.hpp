@@ -31,7 +31,5 @@ int interrupt_signal();
 inline bool interrupt_requested() { return interrupt_signal() != 0; }
 // 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP (the shell's convention, 128 + signal number).
 int interrupt_exit_code(int signal);
-// For tests: forget a received signal.
-void clear_interrupt();
 
 }  // namespace amplab

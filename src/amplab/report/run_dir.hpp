@@ -66,7 +66,6 @@ class RunDir {
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const;  // <path>/<name>
   const std::string& lab() const { return lab_; }
-  const std::string& config_hash() const { return config_hash_; }
 
   // summary.json: `results` plus the environment (torch, CUDA, cuDNN, GPU, driver, CPU, git
   // commit), the config hash and the wall time. Written atomically; call again to update.

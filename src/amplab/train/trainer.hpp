@@ -182,7 +182,6 @@ class Trainer {
   void gradients_ready();
 
   torch::nn::Module& model() { return *model_; }
-  const std::shared_ptr<torch::nn::Module>& model_ptr() const { return model_; }
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }  // model().parameters()
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return *scaler_; }
