@@ -1,3 +1,4 @@
+// TensorBatches: a batch's samples gathered from tensors held in memory (batches.hpp).
 #include "amplab/data/batches.hpp"
 
 #include <torch/torch.h>

@@ -1,3 +1,4 @@
+// The IDX reader (idx.hpp): gzip detection and decompression, header checks, the values.
 #include "amplab/data/idx.hpp"
 
 #include <zlib.h>

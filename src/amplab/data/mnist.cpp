@@ -1,3 +1,4 @@
+// MNIST and Fashion-MNIST (mnist.hpp): the search for the files, loading a split, normalising.
 #include "amplab/data/mnist.hpp"
 
 #include <cstdlib>

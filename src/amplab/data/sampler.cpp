@@ -1,3 +1,4 @@
+// EpochSampler (sampler.hpp): each epoch's permutation, sharded across ranks, cut into batches.
 #include "amplab/data/sampler.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,3 +1,4 @@
+// Where ranks meet (rendezvous.hpp): connecting to rank 0's TCPStore, heartbeats, StoreExchange.
 #include "amplab/dist/rendezvous.hpp"
 
 #include <c10/util/Exception.h>

@@ -1,3 +1,4 @@
+// The loop's hooks for data-parallel training (trainer_sync.hpp): metrics averaged, stops agreed.
 #include "amplab/dist/trainer_sync.hpp"
 
 #include <torch/torch.h>

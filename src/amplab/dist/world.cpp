@@ -1,3 +1,4 @@
+// WorldInfo from torchrun's environment variables (world.hpp), each checked and named in errors.
 #include "amplab/dist/world.hpp"
 
 #include <cerrno>

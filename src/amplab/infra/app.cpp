@@ -1,3 +1,4 @@
+// What every lab binary's main() shares (app.hpp): the command line, and errors as one line.
 #include "amplab/infra/app.hpp"
 
 #include <c10/util/Exception.h>

@@ -1,3 +1,4 @@
+// AppendFile (append_file.hpp): appends that wait in memory while the disk refuses them.
 #include "amplab/infra/append_file.hpp"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// Devices (device.hpp): resolving "auto|cpu|cuda|cuda:N", checking a model's, synchronizing.
 #include "amplab/infra/device.hpp"
 
 #include <ATen/Context.h>

@@ -1,3 +1,4 @@
+// The machine and the build (env.hpp): versions, GPU, CPU and git commit for summary.json.
 #include "amplab/infra/env.hpp"
 
 #include <ATen/Parallel.h>

@@ -1,3 +1,4 @@
+// File helpers (files.hpp): atomic writes with fsync, whole-file reads, CRC-32.
 #include "amplab/infra/files.hpp"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// Paths as users type them (paths.hpp): what is not a regular file, what only a shell expands.
 #include "amplab/infra/paths.hpp"
 
 #include <fcntl.h>

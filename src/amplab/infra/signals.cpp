@@ -1,3 +1,4 @@
+// Ctrl-C without losing work (signals.hpp): the handlers, the flag, the second signal's exit.
 #include "amplab/infra/signals.hpp"
 
 #include <fcntl.h>

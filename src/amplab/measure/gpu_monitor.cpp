@@ -1,3 +1,4 @@
+// GpuMonitor (gpu_monitor.hpp): the SM clock and power draw sampled on a thread while work runs.
 #include "amplab/measure/gpu_monitor.hpp"
 
 #include <dlfcn.h>

@@ -1,3 +1,4 @@
+// Memory per phase (memory.hpp): the CUDA allocator's counters on a GPU, the process's RSS on a CPU.
 #include "amplab/measure/memory.hpp"
 
 #include <ATen/Context.h>

@@ -1,3 +1,4 @@
+// Timing on a GPU (timing.hpp): CUDA-event marks, back-to-back repeats, quantile summaries.
 #include "amplab/measure/timing.hpp"
 
 #include <algorithm>

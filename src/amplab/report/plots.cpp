@@ -1,3 +1,4 @@
+// A run's PNG plots (plots.hpp): scripts/plot.py started on the run directory.
 #include "amplab/report/plots.hpp"
 
 #include <sys/wait.h>

@@ -1,3 +1,4 @@
+// ProgressBar (progress.hpp): a redrawn bar with ETA on a terminal, log lines otherwise.
 #include "amplab/report/progress.hpp"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// report.md (report.hpp): the README's questions, each with this run's numbers and plots.
 #include "amplab/report/report.hpp"
 
 #include <filesystem>

@@ -1,3 +1,4 @@
+// A run's directory (run_dir.hpp): creating it, config.yaml, CSV logs and summary.json.
 #include "amplab/report/run_dir.hpp"
 
 #include <ATen/Context.h>

@@ -1,3 +1,4 @@
+// Table (table.hpp): rows aligned on screen and written as CSV, and number formatting.
 #include "amplab/report/table.hpp"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// The safetensors format (safetensors.hpp): the JSON header, its checks, reading and writing.
 #include "amplab/state/safetensors.hpp"
 
 #include <ATen/core/grad_mode.h>

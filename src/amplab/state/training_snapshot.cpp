@@ -1,3 +1,4 @@
+// TrainingSnapshot (training_snapshot.hpp): host copies of the training state, put back on demand.
 #include "amplab/state/training_snapshot.hpp"
 
 #include <ATen/Context.h>

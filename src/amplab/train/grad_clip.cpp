@@ -1,3 +1,4 @@
+// Gradient-norm clipping with PyTorch's numerics (grad_clip.hpp).
 #include "amplab/train/grad_clip.hpp"
 
 #include <ATen/ops/_foreach_mul.h>

@@ -1,3 +1,4 @@
+// Precisions (precision.hpp): names, autocast dtypes, device support, the autocast and TF32 guards.
 #include "amplab/train/precision.hpp"
 
 #include <ATen/Context.h>
