@@ -6,6 +6,8 @@
     scripts/plot.py memory RUN_DIR   memory_timeline.png (one step's phases), memory_batch.png
     scripts/plot.py ddp    RUN_DIR   ddp_scaling.png
     scripts/plot.py kernels RUN_DIR  roofline.png, bandwidth.png (cuda_kernels lab)
+    scripts/plot.py gpt    RUN_DIR   loss_curve.png (transformer_fp8 lab: loss per step and precision)
+    scripts/plot.py gpu_monitor RUN_DIR  gpu_monitor.png (any GPU run: utilization, power, memory over time)
 """
 import csv
 import json
@@ -226,13 +228,59 @@ def plot_kernels(run_dir):
         save(fig, run_dir, "bandwidth.png")
 
 
+def plot_gpt(run_dir):
+    # Validation (solid) and training (dotted) loss per step, one line per precision.
+    rows = read_csv(os.path.join(run_dir, "losses.csv"))
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in dict.fromkeys(r["row"] for r in rows):
+        mine = [r for r in rows if r["row"] == name]
+        steps = [int(r["step"]) for r in mine]
+        line, = ax.plot(steps, [float(r["val_loss"]) for r in mine], marker="o", label=f"{name} (val)")
+        ax.plot(steps, [float(r["train_loss"]) for r in mine], linestyle=":", color=line.get_color())
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.set_title("GPT on Shakespeare: validation loss (solid), training loss (dotted)")
+    ax.legend(fontsize=8)
+    save(fig, run_dir, "loss_curve.png")
+
+
+def plot_gpu_monitor(run_dir):
+    """SM utilization, power and memory used over the run, one colour band per phase."""
+    rows = read_csv(os.path.join(run_dir, "gpu_monitor.csv"))
+    if not rows:
+        raise ValueError("gpu_monitor.csv has no samples")
+    t = [float(r["time_s"]) for r in rows]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    series = [("sm_util_pct", "SM utilization (%)"), ("power_w", "power (W)"), ("memory_used_mib", "memory used (MiB)")]
+    for ax, (key, label) in zip(axes, series):
+        ax.plot(t, [float(r[key]) for r in rows], linewidth=0.8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    # Shade each phase and name it once, on the top panel.
+    start, colours, colour_of = 0, plt.rcParams["axes.prop_cycle"].by_key()["color"], {}
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i]["phase"] != rows[start]["phase"]:
+            name = rows[start]["phase"]
+            if name:
+                colour = colour_of.setdefault(name, colours[len(colour_of) % len(colours)])
+                for ax in axes:
+                    ax.axvspan(t[start], t[i - 1], color=colour, alpha=0.12, linewidth=0)
+                axes[0].text(t[start], 102, name, fontsize=7, rotation=30, va="bottom")
+            start = i
+    axes[0].set_ylim(0, 100)
+    axes[-1].set_xlabel("seconds since the run started")
+    save(fig, run_dir, "gpu_monitor.png")
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp", "kernels"}:
+    if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp", "kernels", "gpt", "gpu_monitor"}:
         print(__doc__, file=sys.stderr)
         return 2
     try:
         {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp,
-         "kernels": plot_kernels}[sys.argv[1]](sys.argv[2])
+         "kernels": plot_kernels, "gpt": plot_gpt, "gpu_monitor": plot_gpu_monitor}[sys.argv[1]](sys.argv[2])
     except (OSError, KeyError, ValueError, TypeError) as e:  # a run directory the plots cannot read
         print(f"plot.py: cannot plot {sys.argv[1]} from {sys.argv[2]}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

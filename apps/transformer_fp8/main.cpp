@@ -8,94 +8,81 @@
 #include <torch/torch.h>
 
 #include <ATen/ops/_scaled_mm.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <iostream>
 
-#include "amplab/infra/app.hpp"
 #include "amplab/infra/device.hpp"
-#include "amplab/infra/env.hpp"
 #include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
+#include "amplab/fast/fast_path.hpp"
+#include "amplab/lab_main.hpp"
 #include "amplab/measure/memory.hpp"
-#include "amplab/train/precision.hpp"
-#include "amplab/report/report.hpp"
-#include "amplab/report/run_dir.hpp"
-#include "amplab/report/table.hpp"
 #include "amplab/measure/timing.hpp"
+#include "amplab/report/table.hpp"
+#include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "gpt.hpp"
 #include "mechanisms.hpp"
 
 namespace {
 
-namespace lab = transformer_fp8;
+namespace tf8 = transformer_fp8;
 using amplab::Precision;
+using amplab::Range;
 
-// ---- Config -----------------------------------------------------------------------------------
-
-struct GptSizes {
-  int64_t n_layer = 6, n_head = 6, n_embd = 384, block_size = 256, batch = 64;
-  template <class V>
-  void fields(V& v) {
-    v.field("n_layer", n_layer, "transformer blocks", amplab::Range<int64_t>::between(1, 96));
-    v.field("n_head", n_head, "attention heads (n_embd must be a multiple)", amplab::Range<int64_t>::between(1, 128));
-    v.field("n_embd", n_embd, "width C (FP8 on a GPU: a multiple of 16)", amplab::Range<int64_t>::between(8, 16384));
-    v.field("block_size", block_size, "context length T", amplab::Range<int64_t>::between(4, 8192));
-    v.field("batch", batch, "sequences per step (FP8 on a GPU: batch x block_size a multiple of 16)",
-            amplab::Range<int64_t>::at_least(1));
-  }
-};
+// ---- Config: the GPU's values (configs/transformer_fp8.yaml's cpu: section has the CPU's) -------
 
 struct GptConfig {
-  GptSizes gpu;                                               // nanoGPT's Shakespeare-char model
-  GptSizes cpu{2, 4, 64, 64, 16};                             // about a minute for the whole CPU run
+  int64_t n_layer = 6, n_head = 6, n_embd = 384, block_size = 256, batch = 64;  // nanoGPT's Shakespeare-char model
   double dropout = 0.2;
-  std::string attention = "sdpa";                             // of the precision study
-  std::string fp8_scaling = "dynamic";                        // of the fp8 row
+  std::string attention = "sdpa", fp8_scaling = "dynamic";
   int64_t amax_history = 16;
   template <class V>
   void fields(V& v) {
-    v.section("gpu", gpu);
-    v.section("cpu", cpu);
-    v.field("dropout", dropout, "dropout probability", amplab::Range<double>::between(0, 0.9));
+    v.field("n_layer", n_layer, "transformer blocks", Range<int64_t>::between(1, 96));
+    v.field("n_head", n_head, "attention heads (n_embd must be a multiple)", Range<int64_t>::between(1, 128));
+    v.field("n_embd", n_embd, "width C (FP8 on a GPU: a multiple of 16)", Range<int64_t>::between(8, 16384));
+    v.field("block_size", block_size, "context length T", Range<int64_t>::between(4, 8192));
+    v.field("batch", batch, "sequences per step (FP8 on a GPU: batch x block_size a multiple of 16)", Range<int64_t>::at_least(1));
+    v.field("dropout", dropout, "dropout probability", Range<double>::between(0, 0.9));
     v.choice("attention", attention, {"math", "safe", "sdpa"}, "attention of the precision study");
     v.choice("fp8_scaling", fp8_scaling, {"dynamic", "delayed"}, "scaling of the fp8 row's linear layers");
-    v.field("amax_history", amax_history, "steps of amax history (delayed scaling)", amplab::Range<int64_t>::between(1, 1024));
+    v.field("amax_history", amax_history, "steps of amax history (delayed scaling)", Range<int64_t>::between(1, 1024));
   }
 };
 
 struct StudyConfig {
   std::vector<std::string> rows = {"fp32", "tf32", "fp16", "fp16-no-scaler", "bf16", "fp8"};
-  int64_t steps = 300, cpu_steps = 200;   // optimizer steps per row
-  int64_t eval_every = 100, cpu_eval_every = 50;
-  int64_t eval_iters = 20, cpu_eval_iters = 8;  // validation batches per evaluation
-  int64_t warmup = 10;                    // steps left out of the timing
-  bool attention_study = true;            // math vs safe vs SDPA
-  int64_t attention_steps = 30, cpu_attention_steps = 10;
-  bool fp8_mlp = true;                    // GPU: 4 x Linear(8192), batch 8192, FP8 against bf16
-  int64_t sample_tokens = 300;
-  bool plots = true;
+  int64_t steps = 300, eval_every = 100, eval_iters = 20, warmup = 10, attention_steps = 30, sample_tokens = 300;
+  bool attention_study = true, fp8_mlp = true, plots = true;
   template <class V>
   void fields(V& v) {
     v.field("rows", rows, "precisions trained", {"fp32", "tf32", "fp16", "fp16-no-scaler", "bf16", "fp8"});
-    v.field("steps", steps, "steps per row on a GPU", amplab::Range<int64_t>::at_least(1));
-    v.field("cpu_steps", cpu_steps, "steps per row on the CPU", amplab::Range<int64_t>::at_least(1));
-    v.field("eval_every", eval_every, "steps between validation losses (GPU)", amplab::Range<int64_t>::at_least(1));
-    v.field("cpu_eval_every", cpu_eval_every, "steps between validation losses (CPU)", amplab::Range<int64_t>::at_least(1));
-    v.field("eval_iters", eval_iters, "validation batches per evaluation (GPU)", amplab::Range<int64_t>::at_least(1));
-    v.field("cpu_eval_iters", cpu_eval_iters, "validation batches per evaluation (CPU)", amplab::Range<int64_t>::at_least(1));
-    v.field("warmup", warmup, "first steps left out of ms/step", amplab::Range<int64_t>::at_least(0));
+    v.field("steps", steps, "optimizer steps per row", Range<int64_t>::at_least(1));
+    v.field("eval_every", eval_every, "steps between validation losses", Range<int64_t>::at_least(1));
+    v.field("eval_iters", eval_iters, "validation batches per evaluation", Range<int64_t>::at_least(1));
+    v.field("warmup", warmup, "first steps left out of ms/step", Range<int64_t>::at_least(0));
     v.field("attention_study", attention_study, "time math, safe and SDPA attention");
-    v.field("attention_steps", attention_steps, "steps per attention kind (GPU)", amplab::Range<int64_t>::at_least(2));
-    v.field("cpu_attention_steps", cpu_attention_steps, "steps per attention kind (CPU)", amplab::Range<int64_t>::at_least(2));
-    v.field("fp8_mlp", fp8_mlp, "GPU: the FP8 MLP table against bf16");
-    v.field("sample_tokens", sample_tokens, "characters generated at the end (0: none)", amplab::Range<int64_t>::at_least(0));
+    v.field("attention_steps", attention_steps, "steps per attention kind", Range<int64_t>::at_least(2));
+    v.field("fp8_mlp", fp8_mlp, "GPU: the FP8 MLP (4 x Linear(8192), batch 8192) and matmul tables against bf16");
+    v.field("sample_tokens", sample_tokens, "characters generated at the end (0: none)", Range<int64_t>::at_least(0));
     v.field("plots", plots, "write loss_curve.png (needs matplotlib)");
+  }
+};
+
+// What the step needs from the trainer config (precision and loss scaling are set per row).
+struct StepSettings {
+  double grad_clip_norm = 1.0;
+  bool fast_path = false;
+  amplab::OptimizerConfig optimizer;
+  amplab::GradScalerConfig grad_scaler;
+  template <class V>
+  void fields(V& v) {
+    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
+    v.field("fast_path", fast_path, amplab::kFastPathDescription);
+    v.section("optimizer", optimizer);
+    v.section("grad_scaler", grad_scaler);
   }
 };
 
@@ -104,18 +91,6 @@ struct DataConfig {
   template <class V>
   void fields(V& v) {
     v.field("dir", dir, "train.txt and val.txt (scripts/fetch-shakespeare.py), or one text file", amplab::check_path_value);
-  }
-};
-
-struct StepSettings {
-  double grad_clip_norm = 1.0;
-  amplab::OptimizerConfig optimizer;
-  amplab::GradScalerConfig grad_scaler;
-  template <class V>
-  void fields(V& v) {
-    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", amplab::Range<double>::at_least(0));
-    v.section("optimizer", optimizer);
-    v.section("grad_scaler", grad_scaler);
   }
 };
 
@@ -134,6 +109,7 @@ struct LabConfig {
     v.section("study", study);
   }
 };
+using Lab = amplab::Lab<LabConfig>;
 
 // ---- One training run ---------------------------------------------------------------------------
 
@@ -142,7 +118,7 @@ struct Variant {
   std::string name;
   Precision precision = Precision::fp32;
   bool scaler = true;
-  lab::LinearKind linear = lab::LinearKind::plain;
+  tf8::LinearKind linear = tf8::LinearKind::plain;
 };
 
 Variant variant_of(const std::string& name) {
@@ -151,295 +127,263 @@ Variant variant_of(const std::string& name) {
   if (name == "fp16") return {name, Precision::fp16_mixed};
   if (name == "fp16-no-scaler") return {name, Precision::fp16_mixed, false};
   if (name == "bf16") return {name, Precision::bf16_mixed};
-  return {name, Precision::bf16_mixed, true, lab::LinearKind::fp8};
+  return {name, Precision::bf16_mixed, true, tf8::LinearKind::fp8};
 }
 
-struct RunResult {
-  std::string name, skipped_because;
-  bool ran = false;
-  double ms_per_step = 0, tokens_per_s = 0, peak_mib = 0;
-  std::vector<int64_t> eval_steps;
-  std::vector<double> val_losses, train_losses;
-  lab::Gpt model{nullptr};
-};
-
+// What a training run reads: the text, the model, the batch, the schedule and the step.
 struct Setting {
-  const lab::CharData* data;
-  lab::GptOptions options;
-  int64_t batch = 0, steps = 0, eval_every = 0, eval_iters = 0, warmup = 0;
-  torch::Device device = torch::kCPU;
-  uint64_t seed = 0;
+  const tf8::CharData* data;
+  tf8::GptOptions options;
+  int64_t batch, steps, eval_every, eval_iters, warmup;
+  torch::Device device;
+  uint64_t seed;
+  StepSettings train;
 };
 
-// Mean validation loss over `eval_iters` batches, in eval mode and the row's autocast.
-double validation_loss(lab::Gpt& model, const Setting& s, Precision precision) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  amplab::AutocastGuard autocast(s.device, precision);
-  double sum = 0;
-  for (int64_t i = 0; i < s.eval_iters; ++i) {
-    auto [x, y] = s.data->batch(s.data->val, s.batch, s.options.block_size, s.device);
-    sum += model->loss(x, y).item<double>();
-  }
-  model->train();
-  return sum / static_cast<double>(s.eval_iters);
-}
+struct RunResult {  // NaN where the row did not run
+  std::string name, skipped_because;
+  double ms_per_step = NAN, tokens_per_s = NAN, peak_mib = NAN, val_loss = NAN;  // the last validation loss
+  tf8::Gpt model{nullptr};
+};
 
-amplab::TrainConfig train_config(const Variant& v, const StepSettings& settings) {
+// Trains one row from the seed: lab 2's training step (autocast, GradScaler) through the core's
+// trainer. ms/step counts the steps after `warmup`, with the device synchronized around each; the
+// evaluations (the mean loss of `eval_iters` validation batches, in eval mode and the row's
+// autocast) are left out of it, and each adds a row to `losses` when given.
+RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* losses) {
+  RunResult r;
+  r.name = v.name;
+  tf8::GptOptions options = s.options;
+  options.linear = v.linear;
+  torch::manual_seed(s.seed);
+  tf8::Gpt model = r.model = tf8::Gpt(options);
+  model->to(s.device);
   amplab::TrainConfig train;
   train.precision = v.precision;
   train.loss_scaling = v.scaler ? "auto" : "off";
-  train.grad_clip_norm = settings.grad_clip_norm;
-  train.optimizer = settings.optimizer;
-  train.grad_scaler = settings.grad_scaler;
-  return train;
-}
-
-// Trains one row from the seed: lab 2's training step (autocast, GradScaler) through the core's
-// trainer. ms/step counts the steps after `warmup`, with the device synchronized around the
-// timed stretches; evaluations are left out of it.
-RunResult train_row(const Variant& v, lab::GptOptions options, const Setting& s, const StepSettings& settings) {
-  RunResult r;
-  r.name = v.name;
-  options.linear = v.linear;
-  torch::manual_seed(s.seed);
-  r.model = lab::Gpt(options);
-  r.model->to(s.device);
-  lab::Gpt model = r.model;
-  amplab::LossFn loss_fn = [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); };
+  train.grad_clip_norm = s.train.grad_clip_norm;
+  train.fast_path = s.train.fast_path;
+  train.optimizer = s.train.optimizer;
+  train.grad_scaler = s.train.grad_scaler;
   amplab::MemoryConfig untracked;
   untracked.track = false;
-  amplab::Trainer trainer(r.model.ptr(), loss_fn, train_config(v, settings), s.device, amplab::course_mechanisms(), untracked);
+  amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },
+                          train, s.device, amplab::course_mechanisms(), untracked, amplab::make_fast_path_optimizer);
+  auto validation_loss = [&] {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    amplab::AutocastGuard autocast(s.device, v.precision);
+    double sum = 0;
+    for (int64_t i = 0; i < s.eval_iters; ++i) {
+      auto [x, y] = s.data->batch(s.data->val, s.batch, options.block_size, s.device);
+      sum += model->loss(x, y).item<double>();
+    }
+    model->train();
+    return sum / static_cast<double>(s.eval_iters);
+  };
   amplab::reset_peak_memory(s.device);
   double timed_ms = 0;
-  int64_t timed_steps = 0;
   for (int64_t step = 1; step <= s.steps; ++step) {
     auto [x, y] = s.data->batch(s.data->train, s.batch, options.block_size, s.device);
     amplab::synchronize(s.device);
-    auto start = std::chrono::steady_clock::now();
+    amplab::Stopwatch clock;
     torch::Tensor loss = trainer.step(amplab::Batch{x, y}).loss;
     amplab::synchronize(s.device);
-    if (step > s.warmup) {
-      timed_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      ++timed_steps;
-    }
-    if (step % s.eval_every == 0 || step == s.steps) {
-      r.eval_steps.push_back(step);
-      r.train_losses.push_back(loss.item<double>());
-      r.val_losses.push_back(validation_loss(r.model, s, v.precision));
-      amplab::log::info(v.name + " step " + std::to_string(step) + ": train " + amplab::fixed(r.train_losses.back(), 4) +
-                        ", val " + amplab::fixed(r.val_losses.back(), 4));
-    }
+    if (step > s.warmup) timed_ms += clock.milliseconds();
+    if (step % s.eval_every != 0 && step != s.steps) continue;
+    const double train_loss = loss.item<double>();
+    r.val_loss = validation_loss();
+    if (losses) losses->add({v.name, step, train_loss, r.val_loss});
+    amplab::log::info(v.name + " step " + std::to_string(step) + ": train " + amplab::fixed(train_loss, 4) + ", val " +
+                      amplab::fixed(r.val_loss, 4));
   }
-  r.ran = true;
-  r.ms_per_step = timed_steps > 0 ? timed_ms / static_cast<double>(timed_steps) : NAN;
+  r.ms_per_step = timed_ms / static_cast<double>(s.steps - s.warmup);  // warmup < steps
   r.tokens_per_s = static_cast<double>(s.batch * options.block_size) / (r.ms_per_step / 1e3);
   r.peak_mib = static_cast<double>(amplab::read_memory(s.device).peak_allocated) / (1 << 20);
   return r;
 }
 
 // Why a row cannot run here ("" when it can).
-std::string skip_reason(const Variant& v, torch::Device device, const lab::GptOptions& o, int64_t batch) {
+std::string skip_reason(const Variant& v, const Setting& s) {
   std::string why;
-  if (!amplab::is_supported(v.precision, device, &why)) return why;
-  if (v.linear == lab::LinearKind::fp8) {
-    if (!device.is_cuda())
-      return "FP8 matmuls: torch's CPU _scaled_mm is a reference kernel (about 1000x slower than fp32); needs an sm_89+ GPU";
-    if (o.n_embd % 16 != 0 || (batch * o.block_size) % 16 != 0)
-      return "FP8 on a GPU needs n_embd and batch x block_size multiples of 16";
-    try {
-      auto e4m3 = torch::ones({16, 16}, torch::TensorOptions().device(device)).to(torch::kFloat8_e4m3fn);
-      auto one = torch::ones({}, torch::TensorOptions().device(device));
-      at::_scaled_mm(e4m3, e4m3.t(), one, one, {}, {}, torch::kBFloat16);
-    } catch (const std::exception&) {
-      return "this GPU has no FP8 matmul (needs compute capability 8.9+: Ada, Hopper, Blackwell)";
-    }
+  if (!amplab::is_supported(v.precision, s.device, &why)) return why;
+  if (v.linear != tf8::LinearKind::fp8) return "";
+  if (!s.device.is_cuda())
+    return "FP8 matmuls: torch's CPU _scaled_mm is a reference kernel (about 1000x slower than fp32); needs an sm_89+ GPU";
+  if (s.options.n_embd % 16 != 0 || (s.batch * s.options.block_size) % 16 != 0)
+    return "FP8 on a GPU needs n_embd and batch x block_size multiples of 16";
+  try {
+    auto e4m3 = torch::ones({16, 16}, torch::TensorOptions().device(s.device)).to(torch::kFloat8_e4m3fn);
+    auto one = torch::ones({}, torch::TensorOptions().device(s.device));
+    at::_scaled_mm(e4m3, e4m3.t(), one, one, {}, {}, torch::kBFloat16);
+  } catch (const std::exception&) {
+    return "this GPU has no FP8 matmul (needs compute capability 8.9+: Ada, Hopper, Blackwell)";
   }
   return "";
 }
 
-// ---- The FP8 MLP and matmul tables (GPU) ----------------------------------------------------------
+// ---- The studies --------------------------------------------------------------------------------
 
-struct MlpRow {
-  std::string name;
-  double ms = 0, tflops = 0;
-};
+// The precision study's setting, from the config; prints the model and records its figures.
+Setting setting_of(Lab& lab, const tf8::CharData& data) {
+  const GptConfig& g = lab.config.gpt;
+  const StudyConfig& study = lab.config.study;
+  const tf8::GptOptions o{.vocab_size = static_cast<int64_t>(data.vocab.size()), .block_size = g.block_size,
+                          .n_layer = g.n_layer, .n_head = g.n_head, .n_embd = g.n_embd, .dropout = g.dropout,
+                          .attention = tf8::attention_kind(g.attention), .scaling = tf8::fp8_scaling(g.fp8_scaling),
+                          .amax_history = g.amax_history};
+  const int64_t params = tf8::Gpt(o)->parameter_count(), tokens = g.batch * g.block_size;
+  std::cout << o.n_layer << " layers, " << o.n_head << " heads, width " << o.n_embd << ", context " << o.block_size
+            << ", batch " << g.batch << " (" << tokens << " tokens/step), " << amplab::fixed(params / 1e6, 2)
+            << " M parameters, vocabulary " << o.vocab_size << ", " << data.train.numel() << " training characters; "
+            << study.steps << " steps per row\n";
+  if (lab.on_cpu())
+    std::cout << "(CPU run: the config's cpu: sizes; skipped here: tf32, fp16, the fp8 row and the FP8 MLP and matmul"
+                 " tables, which need an NVIDIA GPU.)\n";
+  std::cout << std::flush;  // before the training logs (stderr)
+  lab.results.set("device", amplab::describe(lab.device));
+  lab.results.set("parameters", params);
+  lab.results.set("tokens_per_step", tokens);
+  lab.results.set("steps", study.steps);
+  return Setting{&data, o, g.batch, study.steps, study.eval_every, study.eval_iters, std::min(study.warmup, study.steps - 1),
+                 lab.device, static_cast<uint64_t>(lab.config.run.seed), lab.config.train};
+}
 
-// forward + backward of 4 x Linear(width) at `batch` rows in bf16 (autocast) or with FP8 linears
-// (dynamic scaling); TFLOP/s counted as 6 x batch x width^2 per layer.
-std::vector<MlpRow> fp8_mlp_table(torch::Device device, int64_t width, int64_t batch, int layers) {
-  std::vector<MlpRow> rows;
-  for (auto kind : {lab::LinearKind::plain, lab::LinearKind::fp8}) {
-    torch::manual_seed(0);
-    std::vector<lab::Float8Linear> linears;
-    for (int i = 0; i < layers; ++i) {
-      linears.emplace_back(width, width, kind, lab::Fp8Scaling::dynamic, 1);
-      linears.back()->to(device);
-    }
-    torch::Tensor x = torch::randn({batch, width}, torch::TensorOptions().device(device));
-    auto step = [&] {
-      torch::Tensor y;
-      {
-        amplab::AutocastGuard autocast(device, Precision::bf16_mixed);
-        y = x;
-        for (auto& l : linears) y = torch::relu(l(y));
-      }
-      y.to(torch::kFloat32).mean().backward();
-    };
-    for (int i = 0; i < 3; ++i) step();
-    double ms = amplab::summarize(amplab::time_back_to_back(step, device, 10, 3)).median;
-    double flops = 6.0 * static_cast<double>(batch) * static_cast<double>(width * width) * layers;
-    rows.push_back({kind == lab::LinearKind::fp8 ? "fp8 (your fp8_linear, dynamic)" : "bf16 (autocast)", ms, flops / ms / 1e9});
+// Trains each row of study.rows: every evaluation (losses) and the precision table (ms/step,
+// tokens/s, peak memory, last validation loss, speed-up against fp32). Returns the rows.
+std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
+  std::vector<RunResult> rows;
+  auto& losses = lab.results.table("losses", {{"row", ""}, {"step", ""}, {"train_loss", ""}, {"val_loss", ""}});
+  double fp32_ms = NAN;
+  for (const auto& name : lab.config.study.rows) {
+    RunResult skipped;
+    skipped.name = name;
+    skipped.skipped_because = skip_reason(variant_of(name), s);
+    if (skipped.skipped_because.empty()) amplab::log::info("training " + name);
+    rows.push_back(skipped.skipped_because.empty() ? train_row(variant_of(name), s, &losses) : skipped);
+    if (name == "fp32") fp32_ms = rows.back().ms_per_step;
   }
+  auto& table = lab.results.table(
+      "precision", {{"row", "row"}, {"ms_per_step", "ms/step", amplab::decimals(lab.on_cpu() ? 1 : 2)},
+                    {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
+                    {"val_loss", "val loss (last)", amplab::decimals(4)},
+                    {"speedup_vs_fp32", "speed-up vs fp32", amplab::times(2)}, {"skipped_because", ""}});
+  std::string notes;
+  for (const auto& r : rows) {
+    const bool ran = r.skipped_because.empty();
+    table.add({r.name, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
+               ran ? nlohmann::json() : nlohmann::json(r.skipped_because)});
+    if (!ran) notes += "  " + r.name + ": skipped, " + r.skipped_because + "\n";
+  }
+  lab.results.print("precision",
+                    "Precisions (" + std::to_string(s.steps) + " steps each, ms/step over the steps after the first " +
+                        std::to_string(s.warmup) + "; val loss over " + std::to_string(s.eval_iters) + " batches)",
+                    notes + (lab.on_cpu() ? "peak MiB: the process's RSS high-water mark (on the CPU it only grows from row to row)\n"
+                                          : "peak MiB: the most bytes tensors held during the row (CUDA caching allocator)\n"));
   return rows;
 }
 
-// One (m, k, n) matmul: bf16 torch::mm against e4m3 _scaled_mm (tensorwise), TFLOP/s. The shapes:
-// a large square one, a small one, and the GPT's qkv projection (64 x 256 tokens, 384 -> 1152).
-struct MatmulTflops {
-  double bf16 = 0, fp8 = 0, fp8_rowwise = NAN;  // NaN: rowwise refused here
-};
-MatmulTflops matmul_tflops(torch::Device device, int64_t m, int64_t k, int64_t n) {
+// math (yours), safe (yours) and torch's SDPA inside the same GPT: ms/step and peak memory (the
+// math paths hold the (B, H, T, T) scores and weights; SDPA's fused kernels never write them).
+void attention_study(Lab& lab, Setting s) {
+  const Variant v = variant_of(lab.on_cpu() ? "fp32" : "bf16");
+  s.steps = s.eval_every = lab.config.study.attention_steps;
+  s.warmup = std::min<int64_t>(lab.config.study.warmup, s.steps / 2);
+  auto& table = lab.results.table(
+      "attention", {{"attention", "attention"}, {"precision", "precision"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
+                    {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
+                    {"val_loss", "val loss", amplab::decimals(4)}});
+  for (const std::string kind : {"math", "safe", "sdpa"}) {
+    s.options.attention = tf8::attention_kind(kind);
+    RunResult r = train_row(v, s, nullptr);
+    table.add({kind, v.name, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss});
+  }
+  lab.results.print("attention", "Attention: your math path, your fp16-safe path, torch's SDPA (" + v.name + ", " +
+                                     std::to_string(s.steps) + " steps)");
+}
+
+// ---- The FP8 MLP and matmul tables (GPU) ----------------------------------------------------------
+
+// forward + backward of 4 x Linear(8192) at 8192 rows under bf16 autocast, with torch's linears or
+// your FP8 ones (dynamic scaling): ms per step.
+double mlp_ms(torch::Device device, tf8::LinearKind kind) {
+  torch::manual_seed(0);
+  std::vector<tf8::Float8Linear> linears;
+  for (int i = 0; i < 4; ++i) {
+    linears.emplace_back(8192, 8192, kind, tf8::Fp8Scaling::dynamic, 1);
+    linears.back()->to(device);
+  }
+  torch::Tensor x = torch::randn({8192, 8192}, torch::TensorOptions().device(device));
+  auto step = [&] {
+    torch::Tensor y = x;
+    {
+      amplab::AutocastGuard autocast(device, Precision::bf16_mixed);
+      for (auto& l : linears) y = torch::relu(l(y));
+    }
+    y.to(torch::kFloat32).mean().backward();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  return amplab::summarize(amplab::time_back_to_back(step, device, 10, 3)).median;
+}
+
+// One (m, k, n) matmul's TFLOP/s: bf16 torch::mm against e4m3 _scaled_mm, tensorwise and rowwise
+// (your TODO 6; null where refused).
+void matmul_row(amplab::ResultTable& table, torch::Device device, int64_t m, int64_t k, int64_t n) {
   torch::NoGradGuard no_grad;
   auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
   torch::Tensor a = torch::randn({m, k}, bf16), b = torch::randn({n, k}, bf16);
   torch::Tensor a8 = a.to(torch::kFloat8_e4m3fn), b8 = b.to(torch::kFloat8_e4m3fn);
   torch::Tensor one = torch::ones({}, torch::TensorOptions().device(device));
-  auto time_it = [&](const std::function<void()>& f) {
+  auto tflops = [&](const std::function<void()>& f) {
     for (int i = 0; i < 20; ++i) f();
-    return amplab::summarize(amplab::time_back_to_back(f, device, 20, 5)).median;
+    return 2.0 * double(m) * double(k) * double(n) / amplab::summarize(amplab::time_back_to_back(f, device, 20, 5)).median / 1e9;
   };
-  double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
-  MatmulTflops r;
-  r.bf16 = flops / time_it([&] { torch::mm(a, b.t()); }) / 1e9;
-  r.fp8 = flops / time_it([&] { at::_scaled_mm(a8, b8.t(), one, one, {}, {}, torch::kBFloat16); }) / 1e9;
-  try {  // your rowwise casts (TODO 6): an (m, 1) and a (1, n) scale
-    lab::Fp8Rowwise ar = lab::to_fp8_rowwise(a, lab::Fp8Format::e4m3), br = lab::to_fp8_rowwise(b, lab::Fp8Format::e4m3);
+  const double bf16_tflops = tflops([&] { torch::mm(a, b.t()); });
+  const double fp8_tflops = tflops([&] { at::_scaled_mm(a8, b8.t(), one, one, {}, {}, torch::kBFloat16); });
+  double rowwise = NAN;
+  try {  // an (m, 1) and a (1, n) scale
+    tf8::Fp8Rowwise ar = tf8::to_fp8_rowwise(a, tf8::Fp8Format::e4m3), br = tf8::to_fp8_rowwise(b, tf8::Fp8Format::e4m3);
     torch::Tensor inv_a = ar.scale.reciprocal(), inv_b = br.scale.reciprocal().t();
-    r.fp8_rowwise = flops / time_it([&] { at::_scaled_mm(ar.data, br.data.t(), inv_a, inv_b, {}, {}, torch::kBFloat16); }) / 1e9;
+    rowwise = tflops([&] { at::_scaled_mm(ar.data, br.data.t(), inv_a, inv_b, {}, {}, torch::kBFloat16); });
   } catch (const std::exception& e) {
     amplab::log::warn(std::string("rowwise FP8 matmul skipped: ") + e.what());
   }
-  return r;
+  table.add({std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n), bf16_tflops, fp8_tflops, rowwise,
+             fp8_tflops / bf16_tflops});
 }
 
-// ---- Output -------------------------------------------------------------------------------------
-
-// labs/transformer_fp8/plot_loss.py <run dir>: loss_curve.png from losses.csv.
-void plot_loss_curve(const amplab::RunDir& run) {
-  namespace fs = std::filesystem;
-  std::string venv_python = amplab::source_dir() + "/.venv/bin/python";
-  std::string python = fs::exists(venv_python) ? venv_python : "python3";
-  std::string script = amplab::source_dir() + "/labs/transformer_fp8/plot_loss.py";
-  std::cout << std::flush;
-  pid_t pid = fork();
-  if (pid == 0) {
-    execlp(python.c_str(), python.c_str(), script.c_str(), run.path().c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    amplab::log::warn("loss_curve.png skipped: " + python + " " + script + " failed (is matplotlib installed?)");
+// The FP8 MLP against bf16, then single matmuls: a large square one, a small one, and the GPT's
+// qkv projection (64 x 256 tokens, 384 -> 1152).
+void fp8_tables(Lab& lab) {
+  const double flops = 6.0 * 8192 * 8192.0 * 8192 * 4;  // 6 x batch x width^2 per layer
+  const double bf16_ms = mlp_ms(lab.device, tf8::LinearKind::plain), fp8_ms = mlp_ms(lab.device, tf8::LinearKind::fp8);
+  lab.results.table("fp8_mlp", {{"name", "4 x Linear(8192), batch 8192"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
+                                {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)}})
+      .add({"bf16 (autocast)", bf16_ms, flops / bf16_ms / 1e9, 1.0})
+      .add({"fp8 (your fp8_linear, dynamic)", fp8_ms, flops / fp8_ms / 1e9, bf16_ms / fp8_ms});
+  lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer)");
+  auto& matmuls = lab.results.table("fp8_matmul", {{"shape", "m x k x n"}, {"bf16_tflops", "bf16 TFLOP/s", amplab::decimals(0)},
+                                                   {"fp8_tflops", "fp8 tensorwise TFLOP/s", amplab::decimals(0)},
+                                                   {"fp8_rowwise_tflops", "fp8 rowwise TFLOP/s", amplab::decimals(0)},
+                                                   {"tensorwise_vs_bf16", "tensorwise / bf16", amplab::times(2)}});
+  matmul_row(matmuls, lab.device, 8192, 8192, 8192);
+  matmul_row(matmuls, lab.device, 1024, 2048, 1024);
+  matmul_row(matmuls, lab.device, 16384, 384, 1152);
+  lab.results.print("fp8_matmul", "One matmul: bf16 against FP8 (_scaled_mm, tensorwise, no cast counted)");
 }
 
-nlohmann::json to_json(const RunResult& r) {
-  return {{"name", r.name},           {"ran", r.ran},
-          {"skipped_because", r.skipped_because}, {"ms_per_step", r.ms_per_step},
-          {"tokens_per_s", r.tokens_per_s}, {"peak_mib", r.peak_mib},
-          {"eval_steps", r.eval_steps}, {"val_loss", r.val_losses}, {"train_loss", r.train_losses}};
-}
-
-// The precision table (printed, precision.csv) and every evaluation (losses.csv).
-void write_precision_tables(const std::vector<RunResult>& results, const amplab::RunDir& run, bool cpu) {
-  amplab::Table table({"row", "ms/step", "tokens/s", "peak MiB", "val loss (last)", "speed-up vs fp32"});
-  amplab::Table losses({"row", "step", "train_loss", "val_loss"});
-  double fp32_ms = 0;
-  for (const auto& r : results)
-    if (r.ran && r.name == "fp32") fp32_ms = r.ms_per_step;
-  std::string notes;
-  for (const auto& r : results) {
-    if (!r.ran) {
-      table.add_row({r.name, "-", "-", "-", "-", "skipped"});
-      notes += "  " + r.name + ": skipped, " + r.skipped_because + "\n";
-      continue;
-    }
-    table.add_row({r.name, amplab::fixed(r.ms_per_step, cpu ? 1 : 2), amplab::fixed(r.tokens_per_s, 0),
-                   amplab::fixed(r.peak_mib, 0), amplab::fixed(r.val_losses.back(), 4),
-                   fp32_ms > 0 ? amplab::fixed(fp32_ms / r.ms_per_step, 2) + "x" : "-"});
-    for (size_t i = 0; i < r.eval_steps.size(); ++i)
-      losses.add_row({r.name, std::to_string(r.eval_steps[i]), amplab::fixed(r.train_losses[i], 5),
-                      amplab::fixed(r.val_losses[i], 5)});
-  }
-  std::cout << table.to_string() << notes
-            << (cpu ? "peak MiB: the process's RSS high-water mark (on the CPU it only grows from row to row)\n"
-                    : "peak MiB: the most bytes tensors held during the row (CUDA caching allocator)\n");
-  table.write_csv(run.file("precision.csv"));
-  losses.write_csv(run.file("losses.csv"));
-}
-
-}  // namespace
-
-namespace {
-
-// math (yours), safe (yours) and torch's SDPA inside the same GPT: ms/step and peak memory (the
-// math paths hold the (B, H, T, T) scores and weights; SDPA's fused kernels never write them).
-void attention_study(const Setting& base, const LabConfig& config, const amplab::RunDir& run, nlohmann::json& summary) {
-  Variant v = variant_of(base.device.is_cuda() ? "bf16" : "fp32");
-  Setting s = base;
-  s.steps = base.device.is_cuda() ? config.study.attention_steps : config.study.cpu_attention_steps;
-  s.eval_every = s.steps;
-  s.warmup = std::min<int64_t>(config.study.warmup, s.steps / 2);
-  amplab::Table table({"attention", "precision", "ms/step", "tokens/s", "peak MiB", "val loss"});
-  for (const std::string kind : {"math", "safe", "sdpa"}) {
-    lab::GptOptions options = s.options;
-    options.attention = lab::attention_kind(kind);
-    RunResult r = train_row(v, options, s, config.train);
-    table.add_row({kind, v.name, amplab::fixed(r.ms_per_step, 2), amplab::fixed(r.tokens_per_s, 0),
-                   amplab::fixed(r.peak_mib, 0), amplab::fixed(r.val_losses.back(), 4)});
-    summary["attention"].push_back({{"attention", kind}, {"precision", v.name}, {"ms_per_step", r.ms_per_step},
-                                    {"peak_mib", r.peak_mib}, {"val_loss", r.val_losses.back()}});
-  }
-  std::cout << "\n== Attention: your math path, your fp16-safe path, torch's SDPA (" << v.name << ", " << s.steps
-            << " steps) ==\n"
-            << table.to_string();
-  table.write_csv(run.file("attention.csv"));
-}
-
-void fp8_tables(torch::Device device, const amplab::RunDir& run, nlohmann::json& summary) {
-  auto mlp = fp8_mlp_table(device, 8192, 8192, 4);
-  amplab::Table table({"4 x Linear(8192), batch 8192", "ms/step", "TFLOP/s", "vs bf16"});
-  for (const auto& r : mlp) {
-    table.add_row({r.name, amplab::fixed(r.ms, 2), amplab::fixed(r.tflops, 0), amplab::fixed(r.tflops / mlp[0].tflops, 2) + "x"});
-    summary["fp8_mlp"].push_back({{"name", r.name}, {"ms_per_step", r.ms}, {"tflops", r.tflops}});
-  }
-  std::cout << "\n== FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer) ==\n"
-            << table.to_string();
-  table.write_csv(run.file("fp8_mlp.csv"));
-  amplab::Table matmuls({"m x k x n", "bf16 TFLOP/s", "fp8 tensorwise TFLOP/s", "fp8 rowwise TFLOP/s", "tensorwise / bf16"});
-  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{8192, 8192, 8192}, {1024, 2048, 1024}, {16384, 384, 1152}}) {
-    MatmulTflops t = matmul_tflops(device, m, k, n);
-    std::string shape = std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n);
-    matmuls.add_row({shape, amplab::fixed(t.bf16, 0), amplab::fixed(t.fp8, 0), amplab::fixed(t.fp8_rowwise, 0),
-                     amplab::fixed(t.fp8 / t.bf16, 2) + "x"});
-    summary["fp8_matmul"].push_back({{"shape", shape}, {"bf16_tflops", t.bf16}, {"fp8_tflops", t.fp8},
-                                     {"fp8_rowwise_tflops", std::isnan(t.fp8_rowwise) ? nlohmann::json() : nlohmann::json(t.fp8_rowwise)}});
-  }
-  std::cout << "\n== One matmul: bf16 against FP8 (_scaled_mm, tensorwise, no cast counted) ==\n" << matmuls.to_string();
-  matmuls.write_csv(run.file("fp8_matmul.csv"));
-}
-
-// Generated text from the row named first in `preferred` that ran.
-void write_sample(std::vector<RunResult>& results, const lab::CharData& data, int64_t tokens, torch::Device device,
-                  const amplab::RunDir& run, nlohmann::json& summary) {
+// sample.txt: generated text from the first of bf16, fp32, fp8, tf32, fp16 that ran.
+void write_sample(Lab& lab, const std::vector<RunResult>& rows, const tf8::CharData& data) {
+  const int64_t tokens = lab.config.study.sample_tokens;
   for (const std::string name : {"bf16", "fp32", "fp8", "tf32", "fp16"}) {
-    for (auto& r : results) {
-      if (!r.ran || r.name != name) continue;
-      torch::Tensor prompt = data.encode("\n").view({1, 1}).to(device);
-      std::string text = data.decode(lab::generate(r.model, prompt, tokens, /*temperature=*/0.8, /*top_k=*/20));
+    for (RunResult r : rows) {
+      if (r.name != name || !r.model) continue;
+      torch::Tensor prompt = data.encode("\n").view({1, 1}).to(lab.device);
+      std::string text = data.decode(tf8::generate(r.model, prompt, tokens, /*temperature=*/0.8, /*top_k=*/20));
       std::cout << "\n== A sample from the " << name << " model (" << tokens << " characters, temperature 0.8) ==\n"
                 << text << "\n";
-      amplab::write_file_atomic(run.file("sample.txt"), text + "\n");
-      summary["sample"] = {{"row", name}, {"text", text}};
+      if (lab.run.enabled()) amplab::write_file_atomic(lab.run.file("sample.txt"), text + "\n");
+      lab.results.set("sample", {{"row", name}, {"text", text}});
       return;
     }
   }
@@ -448,73 +392,17 @@ void write_sample(std::vector<RunResult>& results, const lab::CharData& data, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  return amplab::guarded_main([&]() -> int {
-    LabConfig config, defaults;
-    amplab::CommandLine cli;
-    if (auto code = amplab::parse_command_line(argc, argv, "transformer_fp8",
-                                               "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
-                                               amplab::describe_keys(defaults), cli, /*accepts_resume=*/false))
-      return *code;
-    amplab::load_lab_config(cli, config);
-    lab::CharData data = lab::CharData::load(config.data.dir);  // before the run directory: a missing text is one line
-    amplab::RunDir run = amplab::RunDir::create(config.run, "transformer_fp8", amplab::to_yaml(config));
-    amplab::apply_run_settings(config.run);
-    torch::Device device = amplab::resolve_device(config.run.device);
-    const bool cpu = !device.is_cuda();
-    const GptSizes& sizes = cpu ? config.gpt.cpu : config.gpt.gpu;
-    lab::GptOptions options;
-    options.vocab_size = static_cast<int64_t>(data.vocab.size());
-    options.n_layer = sizes.n_layer;
-    options.n_head = sizes.n_head;
-    options.n_embd = sizes.n_embd;
-    options.block_size = sizes.block_size;
-    options.dropout = config.gpt.dropout;
-    options.attention = lab::attention_kind(config.gpt.attention);
-    options.scaling = lab::fp8_scaling(config.gpt.fp8_scaling);
-    options.amax_history = config.gpt.amax_history;
-    const auto& study = config.study;
-    Setting s{&data, options, sizes.batch, cpu ? study.cpu_steps : study.steps, cpu ? study.cpu_eval_every : study.eval_every,
-              cpu ? study.cpu_eval_iters : study.eval_iters, study.warmup, device, static_cast<uint64_t>(config.run.seed)};
-    s.warmup = std::min(s.warmup, s.steps - 1);
-    const int64_t params = lab::Gpt(options)->parameter_count();
-
-    std::cout << "== A GPT on Shakespeare on " << amplab::describe(device) << " ==\n"
-              << options.n_layer << " layers, " << options.n_head << " heads, width " << options.n_embd << ", context "
-              << options.block_size << ", batch " << s.batch << " (" << s.batch * options.block_size << " tokens/step), "
-              << amplab::fixed(params / 1e6, 2) << " M parameters, vocabulary " << options.vocab_size << ", "
-              << data.train.numel() << " training characters; " << s.steps << " steps per row\n";
-    if (cpu)
-      std::cout << "(CPU run: the gpt.cpu sizes; skipped here: tf32, fp16, the fp8 row and the FP8 MLP and matmul tables,"
-                   " which need an NVIDIA GPU.)\n";
-    std::cout << std::flush;  // before the training logs (stderr)
-
-    nlohmann::json summary = {{"device", amplab::describe(device)}, {"parameters", params},
-                              {"tokens_per_step", s.batch * options.block_size}, {"steps", s.steps}};
-    std::vector<RunResult> results;
-    for (const auto& name : study.rows) {
-      Variant v = variant_of(name);
-      std::string why = skip_reason(v, device, options, s.batch);
-      if (!why.empty()) {
-        results.push_back(RunResult{name, why});
-        continue;
-      }
-      amplab::log::info("training " + name);
-      results.push_back(train_row(v, options, s, config.train));
-    }
-    std::cout << "\n== Precisions (" << s.steps << " steps each, ms/step over the steps after the first " << s.warmup
-              << "; val loss over " << s.eval_iters << " batches) ==\n";
-    write_precision_tables(results, run, cpu);
-    for (const auto& r : results) summary["rows"].push_back(to_json(r));
-    if (study.plots) plot_loss_curve(run);
-
-    if (study.attention_study) attention_study(s, config, run, summary);
-    bool fp8_here = skip_reason(variant_of("fp8"), device, options, s.batch).empty();
-    if (study.fp8_mlp && fp8_here) fp8_tables(device, run, summary);
-    if (study.sample_tokens > 0) write_sample(results, data, study.sample_tokens, device, run, summary);
-
-    run.write_summary(summary);
-    amplab::write_report(run);
-    std::cout << "\nresults: " << run.path() << "/ (the tables as .csv, loss_curve.png, sample.txt, summary.json; report.md to answer)\n";
+  const amplab::LabInfo info{.name = "transformer_fp8",
+                             .title = "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
+                             .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer"};
+  return amplab::lab_main<LabConfig>(argc, argv, info, [](Lab& lab) {
+    const tf8::CharData data = tf8::CharData::load(lab.config.data.dir);
+    const Setting s = setting_of(lab, data);
+    const std::vector<RunResult> rows = precision_study(lab, s);
+    if (lab.config.study.attention_study) attention_study(lab, s);
+    if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) fp8_tables(lab);
+    if (lab.config.study.sample_tokens > 0) write_sample(lab, rows, data);
+    if (lab.config.study.plots) lab.plot_kind = "gpt";
     return amplab::kExitOk;
   });
 }
