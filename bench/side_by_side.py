@@ -45,14 +45,15 @@ def reference_flags(summary_path):
         die(f"name {o['name']} (the reference has sgd and adamw)")
     flags = ["--optimizer", o["name"], "--lr", number("lr"), "--weight-decay", number("weight_decay"),
              "--schedule", o["schedule"], "--warmup", number("warmup")]
+    fused = train["fast_path"]  # the lab's optimizer is fused on its fast path
     if o["name"] == "sgd":
-        flags += ["--momentum", number("momentum")] + (["--fused"] if o["fused"] else [])
+        flags += ["--momentum", number("momentum")] + (["--fused"] if fused else [])
     else:
         for key, fixed in REFERENCE_ADAMW_FIXED.items():
             if float(o[key]) != fixed:
                 die(f"{key} {o[key]} (the reference's AdamW has {key} {fixed})")
         flags += ["--beta2", number("beta2")]
-        if not o["fused"]:  # the reference's AdamW is always fused on CUDA
+        if not fused:  # the reference's AdamW is always fused on CUDA
             print(f"side_by_side: {summary_path}: the lab's AdamW is not fused, the reference's is", file=sys.stderr)
     flags += ["--batch-size", str(train["batch_size"]), "--drop-last" if train["drop_last"] else "--no-drop-last"]
     return flags

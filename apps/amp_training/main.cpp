@@ -22,6 +22,7 @@
 #include "mechanisms.hpp"
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/device.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/measure/fits.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/measure/memory.hpp"
@@ -132,12 +133,14 @@ struct OverflowConfig {
 // What the step needs from the trainer config (precision and loss scaling are set per row).
 struct StepSettings {
   double grad_clip_norm = 0.0;  // clip the gradients' 2-norm to this (0: off)
+  bool fast_path = false;       // here: PyTorch's fused SGD (one kernel; with fp16 the scaler skips on the device)
   amplab::OptimizerConfig optimizer;
   amplab::GradScalerConfig grad_scaler;
 
   template <class V>
   void fields(V& v) {
     v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", amplab::Range<double>::at_least(0));
+    v.field("fast_path", fast_path, amplab::kFastPathDescription);
     v.section("optimizer", optimizer);
     v.section("grad_scaler", grad_scaler);
   }
@@ -439,6 +442,7 @@ PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler
   train.precision = precision;
   train.loss_scaling = with_scaler ? "auto" : "off";
   train.grad_clip_norm = config.train.grad_clip_norm;
+  train.fast_path = config.train.fast_path;
   train.optimizer = config.train.optimizer;
   train.grad_scaler = config.train.grad_scaler;
   w.reset();
@@ -447,7 +451,8 @@ PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler
   {
     amplab::MemoryConfig untracked;  // the step alone: no per-phase readings
     untracked.track = false;
-    amplab::Trainer trainer(w.model, w.loss_fn, train, device, amplab::course_mechanisms(), untracked);
+    amplab::Trainer trainer(w.model, w.loss_fn, train, device, amplab::course_mechanisms(), untracked,
+                            amplab::make_fast_path_optimizer);
     r.loss_scaling = trainer.scaler().is_enabled();
     amplab::log::info("timing " + w.name + " " + r.label());
     r.stats = measure_steps([&] { return trainer.step(w.batch).loss; }, device,
@@ -543,10 +548,11 @@ std::vector<TraceRow> overflow_trace(const OverflowConfig& c, const StepSettings
   amplab::TrainConfig train;
   train.precision = precision;
   train.loss_scaling = "on";  // fp32 on the CPU: the scaler forced on behaves as it does for fp16
+  train.fast_path = settings.fast_path;
   train.optimizer = settings.optimizer;
   train.grad_scaler = settings.grad_scaler;
   train.grad_scaler.growth_interval = c.growth_interval;
-  amplab::Trainer training(net, loss_fn, train, device, amplab::course_mechanisms());
+  amplab::Trainer training(net, loss_fn, train, device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
   const auto parameters = training.parameters();
   std::vector<TraceRow> rows;
   for (int64_t step = 0; step < c.steps; ++step) {
@@ -607,6 +613,7 @@ int main(int argc, char** argv) {
     const bool cpu = !device.is_cuda();
     if (device.is_cuda() && !config.run.deterministic) at::globalContext().setBenchmarkCuDNN(true);  // fastest conv kernels; warm-up absorbs the search
     std::cout << "== AMP training on " << amplab::describe(device) << " ==\n";
+    amplab::log::info(amplab::describe_fast_path(config.train.fast_path, config.train.optimizer));
     if (cpu)
       std::cout << "(CPU run: small cpu_* sizes; fp16-mixed and tf32 need an NVIDIA GPU and are skipped here.\n"
                    " The numbers that matter come from a GPU: run this on a GPU machine.)\n";
@@ -713,8 +720,8 @@ int main(int argc, char** argv) {
         double fraction = cost / with.stats.step_ms.median;
         std::cout << "GradScaler cost, " << with.model << ": " << amplab::fixed(cost, 3) << " ms per step = "
                   << percent(fraction, 2) << " of the fp16-mixed step ("
-                  << (config.train.optimizer.fused ? "fused SGD: inf check and skip stay on the device"
-                                                   : "SGD not fused: step() waits for the GPU to decide the skip")
+                  << (config.train.fast_path ? "fused SGD: inf check and skip stay on the device"
+                                             : "SGD not fused (train.fast_path=false): step() waits for the GPU to decide the skip")
                   << ")\n";
         scaler_json[with.model] = {{"ms", cost}, {"fraction", fraction}};
       }
@@ -772,7 +779,8 @@ int main(int argc, char** argv) {
                        {"scaler_cost", scaler_json},
                        {"underflow", underflow_json},
                        {"overflow_trace", trace_json},
-                       {"optimizer", {{"name", config.train.optimizer.name}, {"fused", config.train.optimizer.fused}}}});
+                       {"fast_path", config.train.fast_path},
+                       {"optimizer", {{"name", config.train.optimizer.name}, {"fused", config.train.fast_path}}}});
     std::cout << std::flush;  // before the plot script writes to the same stream
     if (lab.plots) amplab::make_plots("amp", run);
     amplab::write_report(run);

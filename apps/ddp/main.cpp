@@ -19,6 +19,7 @@
 #include "amplab/data/mnist.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/files.hpp"
 #include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/infra/log.hpp"
@@ -111,7 +112,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   const auto& world = setup.world;
   amplab::MnistData data = amplab::load_mnist(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
-  amplab::MnistNet net;
+  amplab::MnistNet net = amplab::make_mnist_net(config.train);  // the fused network with train.fast_path
   auto sync = ddp_lab::make_gradient_sync(config.dist.sync, net.ptr(), setup, config.dist);
   auto images = amplab::normalize_images(data.train.images.to(setup.device));
   auto labels = data.train.labels.to(setup.device);
@@ -119,7 +120,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   auto test_labels = data.test.labels.to(setup.device);
 
   amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); },
-                          config.train, setup.device, amplab::course_mechanisms());
+                          config.train, setup.device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
   trainer.set_gradient_sync(sync.get());
   amplab::TensorBatches batches(images, labels,
                                 ddp_lab::make_sampler(images.size(0), config.train.batch_size,
@@ -152,6 +153,8 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     "dist.sync " + amplab::enum_to_string(config.dist.sync) + ", " +
                     std::to_string(config.train.batch_size) + " samples per rank per step (global batch " +
                     std::to_string(config.train.batch_size * world.world_size) + ")");
+  const amplab::FastPathSteps fast = amplab::fast_path_steps(trainer, world.world_size);
+  amplab::log::info(fast.description);
   amplab::FitResult fit = amplab::fit(trainer, batches, options);
   if (fit.status != amplab::FitStatus::completed) {
     if (world.is_main()) std::cerr << (fit.exit_code == amplab::kExitFailure ? "error: " : "") << fit.message << "\n";
@@ -170,7 +173,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       epochs.push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"train_loss", e.train_loss},
                         {"samples_per_second_global", e.samples_per_second * world.world_size}, {"eval", e.eval}});
     run.write_summary({{"world_size", world.world_size}, {"backend", setup.comm->backend()},
-                       {"sync", amplab::enum_to_string(config.dist.sync)}, {"epochs", epochs},
+                       {"sync", amplab::enum_to_string(config.dist.sync)}, {"fast_path", config.train.fast_path}, {"epochs", epochs},
                        {"parameters_identical", identical}, {"fingerprint", mine}});
   }
   return identical ? amplab::kExitOk : amplab::kExitFailure;
@@ -505,7 +508,7 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     else sync = ddp_lab::make_gradient_sync(setting.sync, mlp.ptr(), traced, dist_config);
     amplab::TrainConfig train;
     train.precision = b.precision;
-    train.optimizer.fused = true;
+    train.fast_path = true;  // fused SGD: what bucketed_fast steps bucket by bucket
     train.optimizer.lr = 1e-4;
     amplab::MemoryConfig memory;
     memory.track = false;
@@ -516,7 +519,8 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
       amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
       return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
     };
-    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory);
+    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory,
+                            amplab::make_fast_path_optimizer);
     PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
     trainer.set_gradient_sync(&phases);
     amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};

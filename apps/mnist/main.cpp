@@ -14,6 +14,7 @@
 #include "amplab/state/checkpoint.hpp"
 #include "amplab/infra/config_json.hpp"
 #include "amplab/data/mnist.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/train/loop.hpp"
@@ -35,7 +36,6 @@ struct MnistLabConfig {
   std::vector<std::string> amp_precisions = {"fp16-mixed", "bf16-mixed"};  // one gpu-amp run each
   int cpu_epochs = 1;             // epochs of the cpu mode (a CPU epoch takes a minute or more)
   bool channels_last = true;      // GPU modes: NHWC images and activations (faster convolutions)
-  bool fused_kernels = true;      // GPU modes: kernels of ours for the convolutions' ends (MnistNet::forward_fused)
   int64_t eval_batch_size = 1000; // test-set batches
   bool plots = true;              // write PNG plots (needs matplotlib)
   int profile_steps = 30;         // steps of the per-phase profile after training (0: none)
@@ -47,7 +47,6 @@ struct MnistLabConfig {
     v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode", {"fp16-mixed", "bf16-mixed"});
     v.field("cpu_epochs", cpu_epochs, "epochs of the cpu mode", amplab::Range<int64_t>::at_least(1));
     v.field("channels_last", channels_last, "GPU modes: channels-last memory format");
-    v.field("fused_kernels", fused_kernels, "GPU modes: conv1 + bias + ReLU, and conv2's bias + ReLU + pool, one kernel each");
     v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
     v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
     v.field("profile_steps", profile_steps, "steps of the per-phase profile after each mode's training (0: none)",
@@ -277,8 +276,7 @@ int main(int argc, char** argv) {
       amplab::log::info("== " + mode.label() + " on " + amplab::describe(device) + ", " +
                         std::to_string(train_config.epochs) + " epoch(s) ==");
       torch::manual_seed(static_cast<uint64_t>(config.run.seed));  // the same initial weights in every mode
-      mnist::Net net;
-      net->fused_kernels = config.mnist.fused_kernels;
+      mnist::Net net = amplab::make_mnist_net(train_config);  // the fused network with train.fast_path
       mnist::place_model(net, device);
       bool channels_last = config.mnist.channels_last && device.is_cuda();
       if (channels_last) amplab::to_channels_last(*net);
@@ -293,7 +291,7 @@ int main(int argc, char** argv) {
       }
 
       amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config,
-                              device, amplab::course_mechanisms(), config.memory);
+                              device, amplab::course_mechanisms(), config.memory, amplab::make_fast_path_optimizer);
       amplab::TensorBatches batches(
           train.images, train.labels,
           amplab::EpochSampler(train.size(), train_config.batch_size, static_cast<uint64_t>(config.run.seed), true,
@@ -317,6 +315,8 @@ int main(int argc, char** argv) {
         auto e = mnist::evaluate(net, test, config.mnist.eval_batch_size, train_config.precision);
         return nlohmann::json{{"test_loss", e.loss}, {"test_accuracy", e.accuracy}};
       };
+      const amplab::FastPathSteps fast = amplab::fast_path_steps(trainer);
+      amplab::log::info("[" + mode.label() + "] " + fast.description);
       amplab::FitResult fit = amplab::fit(trainer, batches, options);
       if (fit.status != amplab::FitStatus::completed) throw StopRun{fit.exit_code, fit.message};
 
@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
                           " steps phase by phase, then back to back");
         auto rows = profile_step(trainer, batches, config.mnist.profile_steps);
         const double graphed = result.seconds_per_epoch * 1000.0 / static_cast<double>(batches.batches_per_epoch());
-        rows.push_back({"the epoch's step (" + std::string(train_config.cuda_graph && device.is_cuda() ? "CUDA graph" : "eager") +
+        rows.push_back({"the epoch's step (" + std::string(fast.run_step ? "CUDA graph" : "eager") +
                         ")", graphed, graphed});
         profiles[mode.label()] = rows;
       }
@@ -405,6 +405,7 @@ int main(int argc, char** argv) {
       summary_profile = profile_json;
     }
     run.write_summary({{"modes", summary_modes}, {"dataset", config.data.dataset}, {"batch_size", config.train.batch_size},
+                       {"fast_path", config.train.fast_path},  // each mode's log line says its path
                        {"profile", summary_profile}, {"config", amplab::config_yaml_to_json(config_yaml)}});  // bench/side_by_side.py reads it
     if (config.mnist.plots) amplab::make_plots("mnist", run);
     amplab::write_report(run);

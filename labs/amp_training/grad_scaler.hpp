@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <map>
 
-#include "amplab/fast/fused_optimizer.hpp"
+#include "amplab/train/fused_optimizer.hpp"
 #include "amplab/train/loss_scaler.hpp"
 
 namespace amp_training {

@@ -10,6 +10,8 @@
 #include "amplab/fast/fused_layers.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/fast/cuda_graph.hpp"
+#include "amplab/fast/fast_path.hpp"
+#include "amplab/fast/fused_mnist_net.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/measure/memory.hpp"
@@ -121,7 +123,7 @@ TEST(GpuMemory, PhasePeaksOfAKnownMlpMatchTheAnalyticCount_CUDA) {
 }
 
 // Two copies of one randomly initialised Mlp on the GPU, for eager-versus-graph comparisons, the
-// loss they train with, and the config the graph needs (fused SGD).
+// loss they train with, and the config the graph needs (the fast path's fused SGD).
 std::pair<std::shared_ptr<Mlp>, std::shared_ptr<Mlp>> twin_mlps_on_gpu(uint64_t seed) {
   torch::manual_seed(seed);
   auto a = std::make_shared<Mlp>(), b = std::make_shared<Mlp>();
@@ -143,7 +145,7 @@ TrainConfig graph_config(Precision precision) {
   config.precision = precision;
   config.optimizer.lr = 0.05;
   config.optimizer.momentum = 0.9;
-  config.optimizer.fused = true;
+  config.fast_path = true;
   return config;
 }
 
@@ -154,8 +156,8 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
     SCOPED_TRACE(to_string(precision));
     auto [eager_net, graph_net] = twin_mlps_on_gpu(1);
     TrainConfig config = graph_config(precision);
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms());
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms());
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
     GraphedTrainStep graph(graphed);
     for (int step = 0; step < 8; ++step) {
       Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
@@ -185,8 +187,8 @@ TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
     if (config.optimizer.name == "adamw") config.optimizer.lr = 0.01;
     config.optimizer.schedule = "linear";
     config.optimizer.warmup = 0.25;
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms());
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms());
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
     GraphedTrainStep graph(graphed);
     torch::Tensor initial = graph_net->parameters()[0].detach().clone();
     const int steps = 8;
@@ -220,14 +222,35 @@ TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
   auto [net, unused] = twin_mlps_on_gpu(3);
   TrainConfig adamw = graph_config(Precision::bf16_mixed);
   adamw.optimizer.name = "adamw";
-  adamw.optimizer.fused = false;
+  adamw.fast_path = false;
   Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu, course_mechanisms());
-  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_adamw); }, {"train.cuda_graph", "train.optimizer.fused=true"}));
+  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_adamw); }, {"train.fast_path", "a fused optimizer"}));
   TrainConfig scheduled = graph_config(Precision::bf16_mixed);
-  scheduled.optimizer.fused = false;
+  scheduled.fast_path = false;
   scheduled.optimizer.schedule = "linear";
   Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu, course_mechanisms());
-  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.cuda_graph", "schedule", "fused=true"}));
+  EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.fast_path", "schedule", "a fused optimizer"}));
+}
+
+// train.fast_path on a GPU: fit() gets a step replayed as one CUDA graph in one process, eager
+// steps across processes, and a refusal naming both keys with accumulation.
+TEST(GpuCudaGraph, FastPathStepsReplayAGraphInOneProcess_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  auto [net, unused] = twin_mlps_on_gpu(4);
+  TrainConfig config = graph_config(Precision::bf16_mixed);
+  Trainer trainer(net, cross_entropy_of(net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  FastPathSteps steps = fast_path_steps(trainer);
+  ASSERT_TRUE(steps.run_step);
+  EXPECT_EQ(steps.description, "fast path on (train.fast_path): fused sgd, one CUDA graph per step");
+  TensorBatches batches(torch::randn({256, 256}, kGpu), torch::randint(0, 10, {256}, torch::dtype(torch::kInt64).device(kGpu)),
+                        EpochSampler(256, 64, 0, false, true), kGpu);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(steps.run_step(batches, i, 1).loss.isfinite().item<bool>());
+  EXPECT_EQ(trainer.global_step(), 4);
+  EXPECT_FALSE(fast_path_steps(trainer, /*processes=*/2).run_step);
+  config.accumulation_steps = 2;
+  Trainer accumulating(net, cross_entropy_of(net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  EXPECT_TRUE(test::throws_with([&] { fast_path_steps(accumulating); },
+                                {"train.fast_path", "train.accumulation_steps=1", "train.fast_path=false"}));
 }
 
 // ---- Fused AdamW with chunks sized to the model ---------------------------------------------------
@@ -416,16 +439,19 @@ TEST(GpuFusedLayers, OneChannelConvBiasReluMatchesPyTorch_CUDA) {
 TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   torch::manual_seed(0);
-  MnistNet net;
-  net->to(kGpu);
-  to_channels_last(*net);
-  net->eval();
+  MnistNet textbook, fused = make_fused_mnist_net();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < textbook->parameters().size(); ++i) fused->parameters()[i].copy_(textbook->parameters()[i]);
+  }
   auto x = torch::randn({64, 1, 28, 28}, kGpu).contiguous(at::MemoryFormat::ChannelsLast);
   auto target = torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu));
   std::vector<std::vector<torch::Tensor>> grads;
   std::vector<torch::Tensor> losses;
-  for (bool fused : {true, false}) {
-    net->fused_kernels = fused;
+  for (MnistNet net : {fused, textbook}) {
+    net->to(kGpu);
+    to_channels_last(*net);
+    net->eval();
     net->zero_grad();
     torch::Tensor loss;
     {
@@ -439,7 +465,7 @@ TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {
   }
   EXPECT_TRUE(test::tensors_close(losses[0], losses[1], 1e-3, 1e-3));
   for (size_t i = 0; i < grads[0].size(); ++i)
-    EXPECT_TRUE(test::tensors_close(grads[0][i], grads[1][i], 5e-2, 2e-3)) << net->named_parameters()[i].key();
+    EXPECT_TRUE(test::tensors_close(grads[0][i], grads[1][i], 5e-2, 2e-3)) << textbook->named_parameters()[i].key();
 }
 
 TEST(GpuMonitorCuda, ReadsTheClockAndPowerWhileMatmulsRun_CUDA) {

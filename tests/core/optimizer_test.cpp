@@ -10,12 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "amplab/infra/error.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_adamw.hpp"
+#include "amplab/fast/fused_mnist_net.hpp"
+#include "amplab/fast/fused_sgd.hpp"
 #if AMPLAB_WITH_CUDA
 #include "amplab/fast/cuda/fused_adamw_launch.hpp"
 #endif
 #include "amplab/train/trainer.hpp"
 #include "grad_scaler.hpp"  // lab 2's (the reference here)
+#include "mechanisms.hpp"     // the labs' GradScaler, step and accumulation (the reference here)
 #include "support.hpp"
 
 namespace amplab {
@@ -152,14 +156,83 @@ TEST(FusedAdamW, CheckpointStateLoadsIntoPlainAdamWAndBack) {
   EXPECT_TRUE(test::tensors_close(w_fused, w_plain, 1e-6, 1e-7));
 }
 
-TEST(FusedAdamW, OnlySgdAndAdamwHaveFusedKernels) {
-  OptimizerConfig c;
-  c.name = "adam";
-  c.fused = true;
+// train.fast_path picks PyTorch's fused SGD and AdamW, and refuses an optimizer without a fused
+// kernel in one line naming both keys; off, the optimizers are torch::optim's.
+TEST(FastPath, FusedOptimizersForSgdAndAdamwOnly) {
+  TrainConfig c;
+  c.fast_path = true;
+  c.optimizer.name = "adam";
   auto w = torch::zeros({2}, torch::requires_grad());
-  EXPECT_TRUE(test::throws_with([&] { make_optimizer({w}, c); }, {"train.optimizer.fused", "sgd and adamw"}));
-  c.name = "adamw";
-  EXPECT_NE(dynamic_cast<FusedAdamW*>(make_optimizer({w}, c).get()), nullptr);
+  EXPECT_TRUE(test::throws_with([&] { make_fast_path_optimizer({w}, c); },
+                                {"train.fast_path", "train.optimizer.name 'adam'", "only sgd and adamw"}));
+  c.optimizer.name = "adamw";
+  EXPECT_NE(dynamic_cast<FusedAdamW*>(make_fast_path_optimizer({w}, c).get()), nullptr);
+  c.optimizer.name = "sgd";
+  EXPECT_NE(dynamic_cast<FusedSGD*>(make_fast_path_optimizer({w}, c).get()), nullptr);
+  c.fast_path = false;
+  auto plain = make_fast_path_optimizer({w}, c);
+  EXPECT_NE(dynamic_cast<torch::optim::SGD*>(plain.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<FusedOptimizer*>(plain.get()), nullptr);
+  c.optimizer.name = "adam";
+  EXPECT_NE(dynamic_cast<torch::optim::Adam*>(make_fast_path_optimizer({w}, c).get()), nullptr);
+}
+
+// A trainer handed no optimizer of the fast path refuses the key instead of running without it.
+TEST(FastPath, TrainerWithoutTheFastPathsOptimizerRefusesTheKey) {
+  torch::nn::Linear model(2, 1);
+  TrainConfig c;
+  c.fast_path = true;
+  LossFn loss = [model](const Batch& b) mutable { return model(b.input).sum(); };
+  EXPECT_TRUE(test::throws_with([&] { Trainer t(model.ptr(), loss, c, torch::kCPU, course_mechanisms()); },
+                                {"train.fast_path", "make_fast_path_optimizer", "train.fast_path=false"}));
+  Trainer fast(model.ptr(), loss, c, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+  EXPECT_NE(dynamic_cast<FusedSGD*>(&fast.optimizer()), nullptr);
+}
+
+// The fused MNIST network is a MnistNet with the same parameters under the same names (so
+// checkpoints and safetensors files go from one to the other), and off a GPU the same values.
+TEST(FastPath, FusedMnistNetHasTheTextbookParametersAndValues) {
+  TrainConfig c;
+  c.fast_path = true;
+  torch::manual_seed(0);
+  MnistNet fused = make_mnist_net(c);
+  c.fast_path = false;
+  MnistNet textbook = make_mnist_net(c);
+  EXPECT_NE(dynamic_cast<FusedMnistNetImpl*>(fused.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<FusedMnistNetImpl*>(textbook.get()), nullptr);
+  auto fused_params = fused->named_parameters(), textbook_params = textbook->named_parameters();
+  ASSERT_EQ(fused_params.size(), textbook_params.size());
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < fused_params.size(); ++i) {
+    EXPECT_EQ(fused_params[i].key(), textbook_params[i].key());
+    EXPECT_EQ(fused_params[i].value().sizes(), textbook_params[i].value().sizes());
+    textbook_params[i].value().copy_(fused_params[i].value());
+  }
+  fused->eval();
+  textbook->eval();
+  auto x = torch::randn({4, 1, 28, 28});
+  EXPECT_TRUE(test::tensors_equal(fused->forward(x), textbook->forward(x)));
+}
+
+// On the CPU the fast path runs eagerly (CUDA graphs need a GPU), and the log line says which
+// path runs and why.
+TEST(FastPath, StepsOnTheCpuAreEagerAndTheLineSaysWhy) {
+  TrainConfig c;
+  c.optimizer.name = "adamw";
+  for (bool fast : {true, false}) {
+    c.fast_path = fast;
+    MnistNet net = make_mnist_net(c);
+    Trainer trainer(net.ptr(), [&](const Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); }, c,
+                    torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+    FastPathSteps steps = fast_path_steps(trainer);
+    EXPECT_FALSE(steps.run_step);
+    if (fast)
+      EXPECT_EQ(steps.description, "fast path on (train.fast_path): FusedMnistNet (torch's ops off a GPU), fused adamw, "
+                                   "eager steps (CUDA graphs need a GPU)");
+    else
+      EXPECT_EQ(steps.description, "fast path off (train.fast_path=false): MnistNet (the textbook layers), torch::optim "
+                                   "adamw, eager steps");
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/state/checkpoint.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/infra/signals.hpp"
@@ -251,16 +252,16 @@ TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
     }
     auto config = sgd_config(4, 1);
     config.epochs = 2;
-    config.optimizer.fused = fused;
+    config.fast_path = fused;
     config.optimizer.schedule = "linear";
-    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU, course_mechanisms());
+    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
     TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, /*shuffle=*/false, false), torch::kCPU);
     ASSERT_EQ(fit(trainer, batches, quiet_options()).status, FitStatus::completed);
     EXPECT_DOUBLE_EQ(trainer.optimizer().param_groups()[0].options().get_lr(), 0.1 / 16);  // the last of 16 steps
 
     auto constant = config;
     constant.optimizer.schedule = "constant";
-    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU, course_mechanisms());
+    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
     for (int64_t step = 0; step < 16; ++step) {
       set_learning_rate(manual.optimizer(), 0.1 * (static_cast<double>(16 - step) / 16));
       int64_t first = (step % 8) * 4;
@@ -294,7 +295,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
   config.optimizer.name = fused_adamw ? "adamw" : "adam";
   config.optimizer.lr = 0.01;
   if (fused_adamw) {
-    config.optimizer.fused = true;
+    config.fast_path = true;
     config.optimizer.schedule = "linear";
     config.optimizer.warmup = 0.2;
   }
@@ -304,7 +305,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
     if (++micro_batches == 2 * interrupt_after) std::raise(SIGINT);
     return inner(batch);
   };
-  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.checkpoint_dir = checkpoint_dir;

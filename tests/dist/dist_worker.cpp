@@ -18,6 +18,7 @@
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
 #include "amplab/infra/error.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
@@ -358,11 +359,12 @@ std::pair<torch::Tensor, DistributedDataParallel::Stats> train_with_trainer(
   DistributedDataParallel ddp(model, comm, config);
   TrainConfig train;
   train.optimizer.name = optimizer;
-  train.optimizer.fused = true;
+  train.fast_path = true;  // fused SGD or AdamW
   train.optimizer.lr = optimizer == "sgd" ? kLr : 0.01;
   train.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
   train.progress = false;
-  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device, course_mechanisms());
+  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device,
+                  course_mechanisms(), {}, make_fast_path_optimizer);
   trainer.set_gradient_sync(&ddp);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, W, 1);

@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "amp_training.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_sgd.hpp"
 #include "amplab/train/grad_clip.hpp"
 #include "amplab/train/trainer.hpp"
@@ -860,9 +861,9 @@ TEST(AmpTrainingGpu, TheStepNeverSyncsTheHost_CUDA) {
     config.grad_clip_norm = c.clip;
     config.optimizer.lr = 0.01;
     config.optimizer.momentum = 0.9;
-    config.optimizer.fused = true;
+    config.fast_path = true;  // fused SGD
     config.progress = false;
-    amplab::Trainer trainer(net, loss_fn, config, gpu, amplab::course_mechanisms());
+    amplab::Trainer trainer(net, loss_fn, config, gpu, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
     amplab::Batch batch{torch::randn({64, 256}, gpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(gpu))};
     for (int step = 0; step < 3; ++step) {  // warm-up, unchecked
       amp_training::train_step(trainer, batch);

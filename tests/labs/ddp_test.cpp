@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "amplab/data/idx.hpp"
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
 #include "idx_files.hpp"
@@ -782,11 +783,11 @@ TEST_P(Versions, Ddp10_SteppingEachBucketGivesTheSameBits) {
       ddp_lab::BucketedDdp ddp(net, comm, config);
       amplab::TrainConfig train;
       train.optimizer.name = "adamw";
-      train.optimizer.fused = true;
+      train.fast_path = true;  // fused AdamW
       train.optimizer.lr = 0.01;
       train.progress = false;
       amplab::Trainer trainer(net, [&](const amplab::Batch& b) { return torch::mse_loss(net->forward(b.input, true), b.target); },
-                              train, torch::kCPU, amplab::course_mechanisms());
+                              train, torch::kCPU, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
       trainer.set_gradient_sync(&ddp);
       for (int step = 0; step < 3; ++step) {
         auto [x, y] = global_batch(step, W, 1);

@@ -12,23 +12,23 @@
 #include <ATen/autocast_mode.h>
 
 #include "amplab/infra/error.hpp"
-#include "amplab/fast/fused_optimizer.hpp"
+#include "amplab/train/fused_optimizer.hpp"
 
 namespace amplab {
 
 std::string cuda_graph_blocker(Trainer& trainer) {
   if (!trainer.device().is_cuda()) return "CUDA graphs need a GPU (run.device is " + trainer.device().str() + ")";
-  if (trainer.config().accumulation_steps != 1) return "CUDA graphs capture one micro-batch per step: set train.accumulation_steps=1";
+  if (trainer.config().accumulation_steps != 1) return "CUDA graphs capture one micro-batch per step: set train.accumulation_steps=1, or train.fast_path=false";
   const bool fused = dynamic_cast<FusedOptimizer*>(&trainer.optimizer()) != nullptr;
   const OptimizerConfig& optimizer = trainer.config().optimizer;
   if (trainer.scaler().is_enabled() && !fused)
-    return "loss scaling decides on the host unless the optimizer is fused: set train.optimizer.fused=true";
+    return "loss scaling decides on the host unless the optimizer is fused (make_fast_path_optimizer with train.fast_path)";
   if (trainer.scaler().is_enabled() && !trainer.scaler().skips_on_device(trainer.optimizer()))
     return kScalerOnTheHost;
   if (!fused && optimizer.name != "sgd")
-    return optimizer.name + " counts its steps on the host, which a graph cannot replay: use adamw with train.optimizer.fused=true";
+    return optimizer.name + " counts its steps on the host, which a graph cannot replay: use a fused optimizer (make_fast_path_optimizer with train.fast_path)";
   if (!fused && has_schedule(optimizer))
-    return "a graph would keep the first step's learning rate: a schedule needs train.optimizer.fused=true";
+    return "a graph would keep the first step's learning rate: a schedule needs a fused optimizer (make_fast_path_optimizer with train.fast_path)";
   return "";
 }
 
@@ -65,7 +65,7 @@ StepResult copy_of(const StepResult& r) {
 
 GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int warmup_steps) {
   std::string blocker = cuda_graph_blocker(trainer);
-  if (!blocker.empty()) throw Error("train.cuda_graph: " + blocker);
+  if (!blocker.empty()) throw Error("train.fast_path: " + blocker);
   impl_ = std::make_unique<Impl>(trainer, std::max(warmup_steps, 1));
 }
 
@@ -144,7 +144,7 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
 #else
 
 struct GraphedTrainStep::Impl {};
-GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int) { throw Error("train.cuda_graph: this build has no CUDA"); }
+GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int) { throw Error("train.fast_path: CUDA graphs need a build with CUDA"); }
 GraphedTrainStep::~GraphedTrainStep() = default;
 bool GraphedTrainStep::captured() const { return false; }
 StepResult GraphedTrainStep::step(const Batch&) { return {}; }

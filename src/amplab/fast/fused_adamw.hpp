@@ -14,7 +14,7 @@
 
 #include <unordered_map>
 
-#include "amplab/fast/fused_optimizer.hpp"
+#include "amplab/fast/fused_optimizer_of.hpp"
 
 namespace amplab {
 

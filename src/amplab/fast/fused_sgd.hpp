@@ -6,7 +6,7 @@
 
 #include <torch/optim/sgd.h>
 
-#include "amplab/fast/fused_optimizer.hpp"
+#include "amplab/fast/fused_optimizer_of.hpp"
 
 namespace amplab {
 

@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 
 #include "amplab/infra/error.hpp"
-#include "amplab/fast/fused_layers.hpp"
 
 namespace amplab {
 
@@ -18,17 +17,10 @@ MnistNetImpl::MnistNetImpl() {
 }
 
 torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
-  if (fused_kernels && x.is_cuda()) return forward_fused(x);
   x = torch::relu(conv1(x));                    // (N, 32, 26, 26)
   x = torch::relu(conv2(x));                    // (N, 64, 24, 24)
   x = torch::max_pool2d(x, /*kernel_size=*/2);  // (N, 64, 12, 12)
   return classify(x);
-}
-
-torch::Tensor MnistNetImpl::forward_fused(torch::Tensor x) {
-  x = conv3x3_bias_relu(x, conv1->weight, conv1->bias);                   // (N, 32, 26, 26)
-  x = bias_relu_max_pool2(torch::conv2d(x, conv2->weight), conv2->bias);  // (N, 64, 12, 12)
-  return classify(x);  // cuBLAS already adds fc1's bias inside its matrix product: nothing to fuse there
 }
 
 torch::Tensor MnistNetImpl::classify(torch::Tensor x) {

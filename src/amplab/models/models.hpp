@@ -9,18 +9,16 @@
 
 namespace amplab {
 
-// The network of pytorch/examples' mnist/main.py. Input (N, 1, 28, 28), output (N, 10)
-// log-probabilities.
+// The network of pytorch/examples' mnist/main.py, in plain torch ops. Input (N, 1, 28, 28),
+// output (N, 10) log-probabilities.
 struct MnistNetImpl : torch::nn::Module {
   MnistNetImpl();
-  // On a GPU with fused_kernels, forward_fused; otherwise the textbook layers of main.py.
-  torch::Tensor forward(torch::Tensor x);
-  // The same network with conv1 + bias + ReLU and conv2's bias + ReLU + pool each one kernel of
-  // ours (fused_layers.hpp): the same values and gradients, in fewer and faster kernels.
-  torch::Tensor forward_fused(torch::Tensor x);
-  // Both forwards' end, from the pooled features: dropout, fc1 + ReLU, dropout, fc2, log-softmax.
+  // Virtual so that a network with the same parameters may compute it another way (the fast
+  // path's FusedMnistNet); this one is main.py's Net.forward.
+  virtual torch::Tensor forward(torch::Tensor x);
+  // The layers after pooling, from the pooled features (N, 64, 12, 12): dropout, fc1 + ReLU,
+  // dropout, fc2, log-softmax.
   torch::Tensor classify(torch::Tensor x);
-  bool fused_kernels = true;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};         // 1 -> 32 -> 64 channels, 3x3
   torch::nn::Dropout dropout1{nullptr}, dropout2{nullptr};  // p = 0.25 after pooling, 0.5 after fc1
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};             // 9216 -> 128 -> 10

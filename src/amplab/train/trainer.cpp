@@ -6,29 +6,26 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
-#include "amplab/fast/fused_adamw.hpp"
-#include "amplab/fast/fused_sgd.hpp"
+#include "amplab/train/fused_optimizer.hpp"
 
 namespace amplab {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
                                                         const OptimizerConfig& c) {
-  if (c.name == "sgd") {
-    auto options = torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay);
-    if (c.fused) return std::make_unique<FusedSGD>(parameters, options);
-    return std::make_unique<torch::optim::SGD>(parameters, options);
-  }
-  if (c.fused && c.name != "adamw")
-    throw Error("train.optimizer.fused: there is no fused kernel for '" + c.name + "' here; fused works with sgd and adamw");
+  if (c.name == "sgd") return std::make_unique<torch::optim::SGD>(parameters, sgd_options(c));
   if (c.name == "adam")
     return std::make_unique<torch::optim::Adam>(
         parameters, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay));
-  if (c.name == "adamw") {
-    auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
-    if (c.fused) return std::make_unique<FusedAdamW>(parameters, options);
-    return std::make_unique<torch::optim::AdamW>(parameters, options);
-  }
+  if (c.name == "adamw") return std::make_unique<torch::optim::AdamW>(parameters, adamw_options(c));
   throw Error("train.optimizer.name: '" + c.name + "' is not allowed; use one of: sgd, adam, adamw");
+}
+
+torch::optim::SGDOptions sgd_options(const OptimizerConfig& c) {
+  return torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay);
+}
+
+torch::optim::AdamWOptions adamw_options(const OptimizerConfig& c) {
+  return torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
 }
 
 double scheduled_lr(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
@@ -52,7 +49,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config,
-                 torch::Device device, const StepMechanisms& mechanisms, const MemoryConfig& memory)
+                 torch::Device device, const StepMechanisms& mechanisms, const MemoryConfig& memory,
+                 const OptimizerFactory& optimizer_factory)
     : model_(std::move(model)),
       loss_fn_(std::move(loss_fn)),
       config_(config),
@@ -66,7 +64,15 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const
   check_supported(config_.precision, device_);
   check_on_device(*model_, device_);
   parameters_ = model_->parameters();
-  optimizer_ = make_optimizer(parameters_, config_.optimizer);
+  if (optimizer_factory) {
+    optimizer_ = optimizer_factory(parameters_, config_);
+  } else {
+    if (config_.fast_path)
+      throw Error("train.fast_path: this program gave the trainer no optimizer of the fast path "
+                  "(make_fast_path_optimizer, amplab/fast/fast_path.hpp); set train.fast_path=false");
+    optimizer_ = make_optimizer(parameters_, config_.optimizer);
+  }
+  if (!optimizer_) throw Error("Trainer: the optimizer factory returned nothing");
   scaler_ = mechanisms_.make_scaler(config_);
   if (!scaler_) throw Error("Trainer: the loss-scaler factory returned nothing");
 }

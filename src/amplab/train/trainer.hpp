@@ -6,7 +6,9 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 
 #include <functional>
@@ -31,7 +33,6 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adam/adamw
   double beta2 = 0.999;       // adam/adamw
   double eps = 1e-8;          // adam/adamw
-  bool fused = false;         // sgd, adamw: PyTorch's fused kernel (one launch; device-side fp16 skip)
   std::string schedule = "constant";  // constant | linear: lr falls linearly towards 0 over the run's steps
   double warmup = 0.0;        // fraction of the run's steps over which lr first rises linearly from 0
 
@@ -44,7 +45,6 @@ struct OptimizerConfig {
     v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
     v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
     v.field("eps", eps, "Adam epsilon", Range<double>::positive());
-    v.field("fused", fused, "sgd, adamw: one fused kernel for all parameters (CUDA graphs need it for fp16, adamw, schedules)");
     v.choice("schedule", schedule, {"constant", "linear"},
              "learning rate per step after the warm-up: constant, or linear = falling to 0 at the end of the run");
     v.field("warmup", warmup, "fraction of the run's steps over which the rate rises linearly from 0 first",
@@ -64,8 +64,19 @@ bool has_schedule(const OptimizerConfig& config);
 // which a captured CUDA graph reads.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
+// torch::optim's SGD, Adam or AdamW as `config` says: the trainer's optimizer without the fast path.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters,
                                                         const OptimizerConfig& config);
+// The options make_optimizer gives SGD and AdamW (the fast path's fused ones take the same).
+torch::optim::SGDOptions sgd_options(const OptimizerConfig& config);
+torch::optim::AdamWOptions adamw_options(const OptimizerConfig& config);
+
+// train.fast_path's description, the one for every lab's config that has the key (TrainConfig's,
+// and those labs whose train: section is a struct of their own).
+inline constexpr const char* kFastPathDescription =
+    "our fast path as a whole: the fused network where the lab has one (our CUDA kernels), PyTorch's fused "
+    "SGD/AdamW (sgd and adamw only), and on a GPU each step replayed as one CUDA graph where the lab replays; "
+    "false: the textbook network, torch's optimizers, eager steps";
 
 struct TrainConfig {
   int epochs = 1;                       // passes over the training set
@@ -78,6 +89,7 @@ struct TrainConfig {
   int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
   bool drop_last = false;               // skip the last, smaller batch of an epoch
   bool cuda_graph = false;              // capture the whole step as one CUDA graph (cuda_graph.hpp)
+  bool fast_path = false;               // the fused network, fused optimizer and CUDA graphs (src/amplab/fast/)
   int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
   double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
   bool progress = true;                 // progress bar with ETA on interactive terminals
@@ -96,6 +108,7 @@ struct TrainConfig {
     v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
     v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
     v.field("cuda_graph", cuda_graph, "replay the whole step as one CUDA graph (GPU; accumulation_steps 1)");
+    v.field("fast_path", fast_path, kFastPathDescription);
     v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
             Range<int64_t>::at_least(1));
     v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
@@ -104,6 +117,12 @@ struct TrainConfig {
     v.section("grad_scaler", grad_scaler);
   }
 };
+
+// Makes the trainer's optimizer for `parameters`. Without one the trainer uses make_optimizer and
+// refuses train.fast_path: the fast path's fused optimizers come from src/amplab/fast/fast_path.hpp
+// (make_fast_path_optimizer), which a program that offers the key hands the Trainer.
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&, const TrainConfig&)>;
 
 // Inputs and targets of one micro-batch, on the training device.
 // Forward pass plus loss: what a lab supplies. Runs under the autocast guard.
@@ -166,7 +185,8 @@ struct StepMechanisms {
 class Trainer {
  public:
   Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config, torch::Device device,
-          const StepMechanisms& mechanisms, const MemoryConfig& memory = {});
+          const StepMechanisms& mechanisms, const MemoryConfig& memory = {},
+          const OptimizerFactory& make_optimizer = {});
 
   // One optimizer step over one batch, or over a group of micro-batches (accumulation).
   StepResult step(const Batch& batch);

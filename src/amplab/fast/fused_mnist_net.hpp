@@ -1,0 +1,19 @@
+// The MNIST network of models.hpp with the ends of its two convolutions each one kernel of ours
+// (fused_layers.hpp): conv1 + bias + ReLU, and conv2's bias + ReLU + 2x2 max-pool. The same
+// parameters under the same names (checkpoints and safetensors files go from one to the other),
+// the same values and gradients up to the order of float sums, in fewer and faster kernels.
+#pragma once
+
+#include "amplab/models/models.hpp"
+
+namespace amplab {
+
+struct FusedMnistNetImpl : MnistNetImpl {
+  // On a GPU our kernels; elsewhere MnistNetImpl::forward, since our kernels are CUDA only.
+  torch::Tensor forward(torch::Tensor x) override;
+};
+
+// A MnistNet computed by FusedMnistNetImpl: it goes wherever a MnistNet goes.
+MnistNet make_fused_mnist_net();
+
+}  // namespace amplab
