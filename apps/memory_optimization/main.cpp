@@ -194,6 +194,20 @@ void skip(amplab::Results& results, const std::string& key, const std::string& t
   results.set(key, {{"skipped_because", why}});
 }
 
+// Refused before anything is made: no memory limit on the CPU, or a model too large for its memory
+// (it is made on the CPU, with a copy of its initial weights).
+std::optional<int> check_config(const LabConfig& config, const amplab::ConfigSource& source) {
+  if (config.mem.cap_mib <= 0 && amplab::config_runs_on_cpu(config.run.device))
+    throw amplab::Error(source.where("mem.cap_mib") +
+                        ": mem.cap_mib: 0 (no cap) needs a GPU; on the CPU the limit is simulated: give it in MiB");
+  const auto& shape = config.mem.model.shape;
+  const double w = static_cast<double>(shape.width), h = static_cast<double>(shape.expansion) * w;
+  const double params = static_cast<double>(shape.depth) * 2.0 * h * w + w * static_cast<double>(shape.classes);
+  amplab::require_cpu_memory(static_cast<int64_t>(std::min(2.0 * 4.0 * params, 9e18)), "the model",
+                             "mem.model.width, mem.model.depth or mem.model.expansion");
+  return std::nullopt;
+}
+
 // ---- The model every experiment starts from --------------------------------------------------
 
 struct Harness {
@@ -212,15 +226,7 @@ struct Harness {
   explicit Harness(const amplab::Lab<LabConfig>& lab)
       : config(lab.config), mem(lab.config.mem), device(lab.device), cpu(lab.on_cpu()),
         memory_source(amplab::memory_is_rss(lab.device) ? "cpu_rss" : "cuda_allocator"), shape(mem.model.shape) {
-    if (cpu && mem.cap_mib <= 0)
-      throw amplab::Error(lab.source.where("mem.cap_mib") +
-                          ": mem.cap_mib: 0 (no cap) needs a GPU; on the CPU the limit is simulated: give it in MiB");
     torch::manual_seed(static_cast<uint64_t>(config.run.seed));
-    // The model is made on the CPU, with a copy of its initial weights: refused up front, naming the keys.
-    const double w = static_cast<double>(shape.width), h = static_cast<double>(shape.expansion) * w;
-    const double params = static_cast<double>(shape.depth) * 2.0 * h * w + w * static_cast<double>(shape.classes);
-    amplab::require_cpu_memory(static_cast<int64_t>(std::min(2.0 * 4.0 * params, 9e18)), "the model",
-                               "mem.model.width, mem.model.depth or mem.model.expansion");
     model = mo::DeepMlp(shape);
     for (const auto& p : model->parameters()) {
       initial.push_back(p.detach().clone());
@@ -688,6 +694,7 @@ int main(int argc, char** argv) {
       {.name = "memory_optimization",
        .title = "Lab 3: memory optimization (batch size, precision, accumulation, checkpointing)",
        .size_keys = "mem.model.width, mem.model.depth, mem.accumulation.factor or mem.timeline.batch"},
+      check_config,
       [](amplab::Lab<LabConfig>& lab) {
         const auto& mem = lab.config.mem;
         Harness h(lab);
