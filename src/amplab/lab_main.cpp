@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "amplab/infra/device.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/measure/memory_snapshot.hpp"
 #include "amplab/report/plots.hpp"
 #include "amplab/report/report.hpp"
 
@@ -23,11 +25,34 @@ torch::Device start_run(const RunConfig& run, const std::string& title) {
   return device;
 }
 
-void finish_run(const RunDir& run, const Results& results, const std::string& plot_kind) {
+std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDir& run, torch::Device device) {
+  if (config.memory_snapshot && run.enabled()) {
+    if (start_memory_history(device))
+      log::info("run.memory_snapshot: recording the CUDA allocator's history into memory_snapshot.pickle");
+    else
+      log::warn("run.memory_snapshot: the CPU has no caching allocator to record; no snapshot is written");
+  }
+  if (!config.gpu_monitor || !run.enabled() || !device.is_cuda()) return nullptr;
+  auto timeline = std::make_unique<GpuTimeline>(device, run.file("gpu_monitor.csv"));
+  if (!timeline->available()) {
+    log::info("run.gpu_monitor: NVML (the driver's management library) is not available; no gpu_monitor.csv");
+    return nullptr;
+  }
+  return timeline;
+}
+
+void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+                GpuTimeline* gpu_timeline) {
   if (!run.enabled()) return;
+  if (gpu_timeline) {
+    gpu_timeline->stop();
+    results.set("gpu_monitor", gpu_timeline->summary());
+  }
+  if (config.memory_snapshot && memory_history_recording()) write_memory_snapshot(run.file("memory_snapshot.pickle"));
   results.write(run);
   std::cout << std::flush;  // before the plot script writes to the same stream
   if (!plot_kind.empty()) make_plots(plot_kind, run);
+  if (gpu_timeline) make_plots("gpu_monitor", run);
   write_report(run);
   std::cout << "\nresults: " << run.path() << "/\n";
 }

@@ -16,6 +16,7 @@
 
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/config.hpp"
+#include "amplab/measure/gpu_timeline.hpp"
 #include "amplab/report/results.hpp"
 #include "amplab/report/run_dir.hpp"
 
@@ -40,8 +41,14 @@ struct Lab {
   RunDir run;
   Results results;       // written to the run directory when the body returns
   std::string plot_kind; // scripts/plot.py's kind to draw at the end ("" for none)
+  // The GPU's utilization through the run (run.gpu_monitor): null on the CPU or without NVML.
+  std::unique_ptr<GpuTimeline> gpu_timeline = nullptr;
 
   bool on_cpu() const { return !device.is_cuda(); }
+  // Labels what the lab does from now on, in gpu_monitor.csv and in summary.json's gpu_monitor.
+  void phase(const std::string& name) {
+    if (gpu_timeline) gpu_timeline->phase(name);
+  }
 };
 
 // Whether run.device ("auto", "cpu", "cuda:1") resolves to the CPU on this machine.
@@ -50,7 +57,10 @@ bool config_runs_on_cpu(const std::string& device_spec);
 namespace detail {
 // Everything lab_main does around the config; defined in lab_main.cpp.
 torch::Device start_run(const RunConfig& run, const std::string& title);
-void finish_run(const RunDir& run, const Results& results, const std::string& plot_kind);
+// The GPU timeline and the allocator's history, as run.gpu_monitor and run.memory_snapshot ask.
+std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDir& run, torch::Device device);
+void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+                GpuTimeline* gpu_timeline);
 // Runs `body`; running out of memory becomes one line naming `size_keys`.
 int run_body(const std::function<int()>& body, const std::string& size_keys);
 }  // namespace detail
@@ -94,9 +104,10 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
       if (auto code = check(config, source)) return *code;
     RunDir run = RunDir::create(config.run, info.name, to_yaml(config));
     torch::Device device = detail::start_run(config.run, info.title);
-    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, ""};
+    auto gpu_timeline = detail::start_watching(config.run, run, device);
+    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline)};
     const int code = detail::run_body([&] { return body(lab); }, info.size_keys);
-    detail::finish_run(lab.run, lab.results, lab.plot_kind);
+    detail::finish_run(lab.config.run, lab.run, lab.results, lab.plot_kind, lab.gpu_timeline.get());
     return code;
   });
 }

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "amplab/measure/gpu_monitor.hpp"
+#include "amplab/measure/gpu_timeline.hpp"
 #include "amplab/measure/timing.hpp"
 
 namespace amplab {
@@ -27,6 +30,18 @@ TEST(GpuMonitor, OnACpuDeviceItIsUnavailableAndReadsNothing) {
   EXPECT_FALSE(monitor.available());
   monitor.start();
   EXPECT_FALSE(monitor.stop().has_value());
+}
+
+TEST(GpuTimeline, OnACpuDeviceItSamplesNothingAndWritesNoFile) {
+  const auto csv = std::filesystem::temp_directory_path() / "amplab_gpu_timeline_cpu.csv";
+  std::filesystem::remove(csv);
+  GpuTimeline timeline(torch::Device(torch::kCPU), csv.string());
+  EXPECT_FALSE(timeline.available());
+  timeline.phase("train");
+  timeline.stop();
+  EXPECT_TRUE(timeline.phases().empty());
+  EXPECT_TRUE(timeline.summary().empty());
+  EXPECT_FALSE(std::filesystem::exists(csv));
 }
 
 }  // namespace

@@ -1,81 +1,18 @@
 // GpuMonitor (gpu_monitor.hpp): the SM clock and power draw sampled on a thread while work runs.
 #include "amplab/measure/gpu_monitor.hpp"
 
-#include <dlfcn.h>
-
 #include <algorithm>
-#include <type_traits>
 
 #include "amplab/measure/timing.hpp"
 
-#ifdef AMPLAB_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace amplab {
 
-// The few NVML entry points used here, as nvml.h declares them (its header is not part of the
-// CUDA toolkit's runtime packages; the library ships with the driver). Every call returns 0 on
-// success.
-struct GpuMonitor::Nvml {
-  using Device = void*;
-  int (*init)() = nullptr;                                                  // nvmlInit_v2
-  int (*shutdown)() = nullptr;                                              // nvmlShutdown
-  int (*handle_by_pci_bus_id)(const char*, Device*) = nullptr;              // nvmlDeviceGetHandleByPciBusId_v2
-  int (*clock_info)(Device, int, unsigned*) = nullptr;                      // nvmlDeviceGetClockInfo
-  int (*power_usage)(Device, unsigned*) = nullptr;                          // nvmlDeviceGetPowerUsage (mW)
-  int (*clock_reasons)(Device, unsigned long long*) = nullptr;              // nvmlDeviceGetCurrentClocksThrottleReasons
-  static constexpr int kClockSm = 1;                                        // NVML_CLOCK_SM
-  static constexpr unsigned long long kSwPowerCap = 0x4;                    // nvmlClocksThrottleReasonSwPowerCap
-  void* library = nullptr;
-
-  ~Nvml() {
-    if (shutdown) shutdown();
-    if (library) dlclose(library);
-  }
-
-  // Loaded and initialised, or null.
-  static std::shared_ptr<Nvml> load() {
-    auto nvml = std::make_shared<Nvml>();
-    nvml->library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!nvml->library) return nullptr;
-    auto find = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(nvml->library, name));
-      return fn != nullptr;
-    };
-    bool found = find(nvml->init, "nvmlInit_v2") && find(nvml->handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
-                 find(nvml->clock_info, "nvmlDeviceGetClockInfo") && find(nvml->power_usage, "nvmlDeviceGetPowerUsage") &&
-                 find(nvml->clock_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    if (!found || nvml->init() != 0) return nullptr;  // shutdown stays unset: nothing to shut down
-    find(nvml->shutdown, "nvmlShutdown");
-    return nvml;
-  }
-};
-
-GpuMonitor::GpuMonitor(torch::Device device, std::chrono::milliseconds period) : period_(period) {
-#ifdef AMPLAB_WITH_CUDA
-  if (!device.is_cuda()) return;
-  // NVML numbers GPUs its own way; the PCI bus id names the same one as CUDA's index.
-  char bus_id[32] = {};
-  int index = device.has_index() ? device.index() : 0;
-  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), index) != cudaSuccess) {
-    cudaGetLastError();  // clear it: the caller's next CUDA call must not see it
-    return;
-  }
-  auto nvml = Nvml::load();
-  if (!nvml) return;
-  Nvml::Device handle = nullptr;
-  if (nvml->handle_by_pci_bus_id(bus_id, &handle) != 0) return;
-  nvml_ = std::move(nvml);
-  handle_ = handle;
-#else
-  (void)device;
-#endif
-}
+GpuMonitor::GpuMonitor(torch::Device device, std::chrono::milliseconds period)
+    : period_(period), gpu_(nvml::Gpu::open(device)) {}
 
 GpuMonitor::~GpuMonitor() { stop(); }
 
-bool GpuMonitor::available() const { return nvml_ != nullptr; }
+bool GpuMonitor::available() const { return gpu_ != nullptr; }
 
 void GpuMonitor::start() {
   stop();
@@ -91,10 +28,7 @@ void GpuMonitor::start() {
 void GpuMonitor::sample_until_stopped() {
   while (running_) {
     Sample s{};
-    unsigned long long reasons = 0;
-    if (nvml_->clock_info(handle_, Nvml::kClockSm, &s.sm_mhz) == 0 && nvml_->power_usage(handle_, &s.milliwatts) == 0 &&
-        nvml_->clock_reasons(handle_, &reasons) == 0) {
-      s.power_capped = (reasons & Nvml::kSwPowerCap) != 0;
+    if (gpu_->sm_clock_mhz(s.sm_mhz) && gpu_->power_milliwatts(s.milliwatts) && gpu_->power_capped(s.power_capped)) {
       std::lock_guard<std::mutex> lock(mutex_);
       samples_.push_back(s);
     }

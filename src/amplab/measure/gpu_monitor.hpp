@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "amplab/measure/nvml.hpp"
+
 namespace amplab {
 
 struct GpuReading {
@@ -45,7 +47,6 @@ class GpuMonitor {
   std::optional<GpuReading> stop();  // ends sampling; nothing when unavailable or no sample was taken
 
  private:
-  struct Nvml;
   struct Sample {
     unsigned sm_mhz;
     unsigned milliwatts;
@@ -54,8 +55,7 @@ class GpuMonitor {
   void sample_until_stopped();
 
   std::chrono::milliseconds period_;
-  std::shared_ptr<Nvml> nvml_;  // null when unavailable
-  void* handle_ = nullptr;      // nvmlDevice_t
+  std::unique_ptr<nvml::Gpu> gpu_;  // null when unavailable
   std::thread thread_;
   std::atomic<bool> running_{false};
   std::mutex mutex_;

@@ -27,6 +27,8 @@ struct RunConfig {
   log::Level log_level = log::Level::info;
   bool deterministic = false;           // deterministic kernels (bitwise repeatable, slower on GPU)
   bool cudnn_benchmark = false;         // let cuDNN time its algorithms for each new shape, keep the fastest
+  bool gpu_monitor = true;
+  bool memory_snapshot = false;
 
   template <class V>
   void fields(V& v) {
@@ -36,6 +38,10 @@ struct RunConfig {
     v.field("log_level", log_level, "console log level");
     v.field("deterministic", deterministic, "use deterministic kernels (repeatable to the bit, slower)");
     v.field("cudnn_benchmark", cudnn_benchmark, "cuDNN tries its algorithms per shape and keeps the fastest (not with deterministic)");
+    v.field("gpu_monitor", gpu_monitor,
+            "on a GPU: sample its utilization, memory, power, clock and temperature 20 times a second into gpu_monitor.csv");
+    v.field("memory_snapshot", memory_snapshot,
+            "on a GPU: record every allocation and free into memory_snapshot.pickle (open it at pytorch.org/memory_viz)");
   }
 };
 
