@@ -34,7 +34,7 @@ std::string csv_text(const nlohmann::json& v) {
     double d = v.get<double>();
     if (std::isnan(d)) return "nan";
     char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%.6g", d);
+    std::snprintf(buffer, sizeof buffer, "%.10g", d);
     return buffer;
   }
   return v.dump();

@@ -2,6 +2,7 @@
 // table, writes it as <table>.csv in the run directory and keeps it for summary.json.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -50,7 +51,8 @@ class ResultTable {
 // summary.json (the tables under their names, the values under their keys).
 class Results {
  public:
-  // The table called `name`, made with `columns` the first time.
+  // The table called `name`, made with `columns` the first time; the reference stays valid as
+  // other tables are added.
   ResultTable& table(const std::string& name, std::vector<Column> columns);
   ResultTable& table(const std::string& name);  // an existing one
   // A value of summary.json (a figure, the device, a nested object), set or replaced.
@@ -63,7 +65,7 @@ class Results {
   void write(const RunDir& run) const;
 
  private:
-  std::vector<ResultTable> tables_;
+  std::deque<ResultTable> tables_;  // a deque: adding a table moves none of the others
   std::map<std::string, nlohmann::json> values_;
 };
 
