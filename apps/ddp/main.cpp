@@ -23,6 +23,7 @@
 #include "amplab/infra/files.hpp"
 #include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/infra/log.hpp"
+#include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
@@ -155,6 +156,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                     std::to_string(config.train.batch_size * world.world_size) + ")");
   const amplab::FastPathSteps fast = amplab::fast_path_steps(trainer, world.world_size);
   amplab::log::info(fast.description);
+  options.run_step = fast.run_step;
   amplab::FitResult fit = amplab::fit(trainer, batches, options);
   if (fit.status != amplab::FitStatus::completed) {
     if (world.is_main()) std::cerr << (fit.exit_code == amplab::kExitFailure ? "error: " : "") << fit.message << "\n";

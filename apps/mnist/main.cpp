@@ -17,6 +17,7 @@
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
+#include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/report/plots.hpp"
@@ -241,17 +242,11 @@ int main(int argc, char** argv) {
 
     // --resume: the checkpoint names the mode it belongs to and carries the finished modes' results.
     std::vector<mnist::ModeResult> finished;
-    std::string resume_path, resume_mode;
-    const std::string resume = amplab::resolve_resume(cli.resume, checkpoint_dir);  // "auto": latest, or a fresh start
-    if (cli.resume == "auto")
-      amplab::log::info(resume.empty() ? "--resume auto: no checkpoint in " + checkpoint_dir + ", starting fresh"
-                                       : "--resume auto: resuming from the latest checkpoint in " + checkpoint_dir);
-    if (!resume.empty()) {
-      resume_path = amplab::CheckpointManager(checkpoint_dir, config.checkpoint.keep_last).resolve(resume);
-      amplab::CheckpointInfo info = amplab::read_checkpoint_info(resume_path);
-      if (info.lab != "mnist")
-        throw amplab::Error("--resume: checkpoint '" + resume_path + "' was written by the " + info.lab +
-                            " lab, not by mnist; resume it with that lab's binary");
+    const amplab::ResumePoint resume = amplab::find_resume_point(cli.resume, checkpoint_dir, &run, "mnist");
+    const std::string& resume_path = resume.path;
+    std::string resume_mode;
+    if (!resume_path.empty()) {
+      const amplab::CheckpointInfo& info = resume.info;
       resume_mode = info.tag;
       bool known = false;
       for (const auto& m : modes) known |= m.label() == resume_mode;
@@ -317,6 +312,7 @@ int main(int argc, char** argv) {
       };
       const amplab::FastPathSteps fast = amplab::fast_path_steps(trainer);
       amplab::log::info("[" + mode.label() + "] " + fast.description);
+      options.run_step = fast.run_step;
       amplab::FitResult fit = amplab::fit(trainer, batches, options);
       if (fit.status != amplab::FitStatus::completed) throw StopRun{fit.exit_code, fit.message};
 

@@ -142,7 +142,7 @@ TEST_F(CorruptCheckpoint, WrongModelNamesTheFirstMismatchingTensor) {
 TEST_F(CorruptCheckpoint, WrongLab) {
   Toy fresh;
   auto state = fresh.state();
-  EXPECT_TRUE(test::throws_with([&] { load_checkpoint(good_, state, "mnist"); }, {"written by the toy lab, not mnist"}));
+  EXPECT_TRUE(test::throws_with([&] { load_checkpoint(good_, state, "mnist"); }, {"written by the toy lab, not by mnist", "that lab's binary"}));
 }
 
 TEST_F(CorruptCheckpoint, MissingFile) {
@@ -216,6 +216,44 @@ TEST(CheckpointManager, ResolveErrors) {
   std::filesystem::create_directories(dir.file("empty"));
   dir.write("empty/latest", std::string("\x01\x02garbage\xff", 11));
   EXPECT_TRUE(test::throws_with([&] { manager.resolve("latest"); }, {"is damaged", "??garbage?"}));
+}
+
+// With a pointer directory (<run.out_dir>/<lab>, beside the run directories) the run's own
+// `latest` names its file relative to itself (absolute when outside it) and is read first; the
+// checkpoint directory's `latest`, the newest file of any run, only when the run's is missing.
+TEST(CheckpointManager, TheRunsLatestIsReadFirstAndTheDirectorysWhenItIsMissing) {
+  test::TempDir dir;
+  Toy s;
+  const std::string runs = dir.file("a/toy"), checkpoints = dir.file("a/toy/checkpoints");
+  std::filesystem::create_directories(runs);
+  // One writer at a time holds the directory: each run saves, then lets go.
+  auto save_as = [&](const std::string& owner, const std::string& pointer_dir, int64_t step) {
+    return CheckpointManager(checkpoints, 2, owner, pointer_dir).save(s.state(), info_at(step));
+  };
+  const std::string saved = save_as("mine", runs, 1);
+  EXPECT_EQ(read_file(runs + "/latest"), "checkpoints/mine-step-00000001.ckpt\n");
+  const std::string theirs = save_as("other", "", 2);  // a run of another out_dir, written last
+  const CheckpointManager mine(checkpoints, 2, "", runs), directory(checkpoints, 2);
+  EXPECT_EQ(mine.resolve("latest"), saved);
+  EXPECT_EQ(directory.resolve("latest"), theirs);
+  // A pointer directory that holds no checkpoints: the file by its absolute path.
+  std::filesystem::create_directories(dir.file("b/toy"));
+  const std::string far = std::filesystem::absolute(save_as("elsewhere", dir.file("b/toy"), 3)).lexically_normal().string();
+  EXPECT_EQ(read_file(dir.file("b/toy/latest")), far + "\n");
+  EXPECT_EQ(CheckpointManager(checkpoints, 2, "", dir.file("b/toy")).resolve("latest"), far);
+  // Written before the run's pointer existed: the directory's is read.
+  std::filesystem::remove(runs + "/latest");
+  EXPECT_TRUE(mine.has_latest());
+  EXPECT_EQ(mine.resolve("latest"), checkpoints + "/elsewhere-step-00000003.ckpt");
+  // A damaged or dangling pointer of the run is named, with what to do.
+  dir.write("a/toy/latest", std::string("\x01" "bad\n"));
+  EXPECT_TRUE(test::throws_with([&] { mine.resolve("latest"); }, {runs + "/latest", "is damaged", "?bad", "pass a checkpoint path"}));
+  dir.write("a/toy/latest", "checkpoints/gone.ckpt\n");
+  EXPECT_TRUE(test::throws_with([&] { mine.resolve("latest"); }, {runs + "/latest", "names 'checkpoints/gone.ckpt'", "pass a path"}));
+  // Neither pointer: both places are named.
+  const CheckpointManager none(dir.file("none/checkpoints"), 2, "", dir.file("none"));
+  EXPECT_FALSE(none.has_latest());
+  EXPECT_TRUE(test::throws_with([&] { none.resolve("latest"); }, {"no checkpoint in", "none/checkpoints", "nor in"}));
 }
 
 // Special files are refused before anything is read from them: a FIFO with no writer would

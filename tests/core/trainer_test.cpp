@@ -551,5 +551,52 @@ TEST(Loop, WritesMetricsAndStepsCsv) {
   log::init(log::Level::info);
 }
 
+// Two runs of different run.out_dir sharing one checkpoint.dir: `--resume latest` of each goes on
+// from its own checkpoint (the pointer lives beside its run directories), not from the one the
+// other wrote last into the shared directory.
+TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  ToyData data(32);
+  TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
+  auto train = [&](const std::string& out_dir, int epochs, const std::string& resume) {
+    RunConfig run;
+    run.out_dir = dir.file(out_dir);
+    run.log_level = log::Level::warn;
+    RunDir run_dir = RunDir::create(run, "toy", "x: 1\n");
+    auto config = sgd_config(4, 1);
+    config.epochs = epochs;
+    auto net = std::make_shared<Net>();
+    Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+    FitOptions options = quiet_options();
+    options.checkpoint.every_epoch = true;
+    options.checkpoint_dir = dir.file("shared_checkpoints");
+    options.run_dir = &run_dir;
+    options.resume = resume;
+    return fit(trainer, batches, options);
+  };
+  const FitResult a = train("a", 1, ""), b = train("b", 2, "");  // b writes last, at step 16
+  ASSERT_FALSE(a.last_checkpoint.empty());
+  ASSERT_FALSE(b.last_checkpoint.empty());
+  EXPECT_TRUE(std::filesystem::exists(dir.file("a/toy/latest")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("b/toy/latest")));
+  const FitResult resumed_a = train("a", 1, "latest"), resumed_b = train("b", 2, "latest");
+  EXPECT_TRUE(resumed_a.already_finished);
+  EXPECT_TRUE(std::filesystem::equivalent(resumed_a.last_checkpoint, a.last_checkpoint)) << resumed_a.last_checkpoint;
+  EXPECT_EQ(resumed_a.position.global_step, 8);
+  EXPECT_TRUE(std::filesystem::equivalent(resumed_b.last_checkpoint, b.last_checkpoint)) << resumed_b.last_checkpoint;
+  EXPECT_EQ(resumed_b.position.global_step, 16);
+  // Without a run directory the checkpoint directory's own `latest` is read: the newest file there.
+  auto net = std::make_shared<Net>();
+  auto config = sgd_config(4, 1);
+  config.epochs = 2;
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  FitOptions options = quiet_options();
+  options.checkpoint_dir = dir.file("shared_checkpoints");
+  options.resume = "latest";
+  EXPECT_TRUE(std::filesystem::equivalent(fit(trainer, batches, options).last_checkpoint, b.last_checkpoint));
+  log::init(log::Level::info);
+}
+
 }  // namespace
 }  // namespace amplab

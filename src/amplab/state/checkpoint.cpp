@@ -233,13 +233,18 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return read_info(archive, path);
 }
 
+void check_checkpoint_lab(const CheckpointInfo& info, const std::string& path, const std::string& expected_lab) {
+  if (!expected_lab.empty() && info.lab != expected_lab)
+    throw Error("checkpoint '" + path + "' was written by the " + info.lab + " lab, not by " + expected_lab +
+                "; resume it with that lab's binary");
+}
+
 CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, const std::string& expected_lab,
                                bool restore_rng) {
   std::string payload = verified_payload(path);
   auto archive = open_archive(payload, path);
   CheckpointInfo info = read_info(archive, path);
-  if (!expected_lab.empty() && info.lab != expected_lab)
-    throw Error("checkpoint '" + path + "' was written by the " + info.lab + " lab, not " + expected_lab);
+  check_checkpoint_lab(info, path, expected_lab);
   if (info.torch_version != TORCH_VERSION)
     log::warn("checkpoint '" + path + "' was written with torch " + info.torch_version + ", this is " + TORCH_VERSION);
 
@@ -335,8 +340,8 @@ std::string file_name_safe(const std::string& text) {
   return out;
 }
 
-CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, std::string owner)
-    : dir_(std::move(dir)), keep_last_(keep_last), owner_(file_name_safe(owner)) {}
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, std::string owner, std::string pointer_dir)
+    : dir_(std::move(dir)), pointer_dir_(std::move(pointer_dir)), keep_last_(keep_last), owner_(file_name_safe(owner)) {}
 
 CheckpointManager::~CheckpointManager() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
@@ -386,6 +391,13 @@ std::string CheckpointManager::save(const TrainingState& state, const Checkpoint
   save_checkpoint(path, state, info);
   written_.insert(name);
   write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
+  if (!pointer_dir_.empty()) {
+    const fs::path base = fs::absolute(pointer_dir_).lexically_normal();
+    const fs::path file = fs::absolute(path).lexically_normal();
+    fs::path named = file.lexically_relative(base);
+    if (named.empty() || *named.begin() == "..") named = file;
+    write_file_atomic((fs::path(pointer_dir_) / "latest").string(), named.string() + "\n");
+  }
 
   // This owner's files only (with no owner: the plain step-*.ckpt files).
   std::error_code ec;
@@ -409,12 +421,37 @@ std::string printable(const std::string& text) {
   for (char c : text.substr(0, 80)) out += std::isprint(static_cast<unsigned char>(c)) ? std::string(1, c) : "?";
   return out + (text.size() > 80 ? "..." : "");
 }
+
+bool pointer_exists(const fs::path& pointer) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(pointer, ec));
+}
+
+// What a `latest` file holds, checked to be a readable file first.
+std::string read_pointer(const fs::path& pointer) {
+  if (std::string problem = regular_file_problem(pointer.string()); !problem.empty())
+    throw Error("--resume latest: '" + pointer.string() + "' " + problem + "; pass a checkpoint path instead");
+  std::string name = read_file(pointer.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
+bool printable_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return std::isprint(static_cast<unsigned char>(c)); });
+}
+
+std::string checked_target(const fs::path& pointer, const std::string& name, const fs::path& path) {
+  if (std::string problem = regular_file_problem(path.string()); !problem.empty())
+    throw Error("--resume latest: '" + pointer.string() + "' names '" + name + "', which " + problem + "; pass a path instead");
+  return path.string();
+}
+
 }  // namespace
 
 // A `latest` that is a dangling link counts: --resume auto then says what is wrong with it.
 bool CheckpointManager::has_latest() const {
-  std::error_code ec;
-  return fs::exists(fs::symlink_status(fs::path(dir_) / "latest", ec));
+  return (!pointer_dir_.empty() && pointer_exists(fs::path(pointer_dir_) / "latest")) ||
+         pointer_exists(fs::path(dir_) / "latest");
 }
 
 std::string CheckpointManager::resolve(const std::string& spec) const {
@@ -423,23 +460,32 @@ std::string CheckpointManager::resolve(const std::string& spec) const {
       throw Error("--resume: checkpoint '" + spec + "' " + problem);
     return spec;
   }
+  if (!pointer_dir_.empty() && pointer_exists(fs::path(pointer_dir_) / "latest"))
+    return resolve_run_pointer((fs::path(pointer_dir_) / "latest").string());
   fs::path latest = fs::path(dir_) / "latest";
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(latest, ec)))
-    throw Error("--resume latest: no checkpoint in '" + dir_ + "' (no 'latest' file there); pass a path instead");
-  if (std::string problem = regular_file_problem(latest.string()); !problem.empty())
-    throw Error("--resume latest: '" + latest.string() + "' " + problem + "; pass a checkpoint path instead");
-  std::string name = read_file(latest.string());
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  fs::path path = fs::path(dir_) / name;
-  bool sane = !name.empty() && name.find('/') == std::string::npos &&
-              std::all_of(name.begin(), name.end(), [](char c) { return std::isprint(static_cast<unsigned char>(c)); });
-  if (!sane)
-    throw Error("--resume latest: '" + latest.string() + "' is damaged (it holds '" + printable(name) +
+  if (!pointer_exists(latest))
+    throw Error("--resume latest: no checkpoint in '" + dir_ + "' (no 'latest' file there" +
+                (pointer_dir_.empty() ? "" : " nor in '" + pointer_dir_ + "'") + "); pass a path instead");
+  return resolve_dir_pointer(latest.string());
+}
+
+// The run's `latest`: a path, relative to its folder or absolute.
+std::string CheckpointManager::resolve_run_pointer(const std::string& pointer) const {
+  std::string name = read_pointer(pointer);
+  if (!printable_name(name))
+    throw Error("--resume latest: '" + pointer + "' is damaged (it holds '" + printable(name) +
                 "', not a file name); pass a checkpoint path instead");
-  if (std::string problem = regular_file_problem(path.string()); !problem.empty())
-    throw Error("--resume latest: '" + latest.string() + "' names '" + name + "', which " + problem + "; pass a path instead");
-  return path.string();
+  fs::path named(name);
+  return checked_target(pointer, name, named.is_absolute() ? named : fs::path(pointer_dir_) / named);
+}
+
+// The directory's `latest`: the name of a file beside it.
+std::string CheckpointManager::resolve_dir_pointer(const std::string& pointer) const {
+  std::string name = read_pointer(pointer);
+  if (!printable_name(name) || name.find('/') != std::string::npos)
+    throw Error("--resume latest: '" + pointer + "' is damaged (it holds '" + printable(name) +
+                "', not a file name); pass a checkpoint path instead");
+  return checked_target(pointer, name, fs::path(dir_) / name);
 }
 
 }  // namespace amplab

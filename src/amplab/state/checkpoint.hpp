@@ -81,16 +81,22 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
                                bool restore_rng = true);
 // Reads and verifies only the header and the metadata, without touching any state.
 CheckpointInfo read_checkpoint_info(const std::string& path);
+// Refuses a checkpoint of another lab by name ("" expects any).
+void check_checkpoint_lab(const CheckpointInfo& info, const std::string& path, const std::string& expected_lab);
 
 // The checkpoints of one directory: <owner>-step-00000042.ckpt files and a `latest` file naming
 // the newest. Several runs may share the directory one after the other (the default is one per
 // lab): each run prunes only the files it wrote itself, so the checkpoint an interrupted run
 // printed survives the next run. Two runs writing at once are refused (a lock).
+// With a `pointer_dir` (<run.out_dir>/<lab>, beside the run directories) the run's own `latest`
+// is written there too, naming the file by a path relative to it (absolute when outside it), and
+// read first: runs of other out_dirs sharing the directory never move it. The directory's own
+// `latest` (the newest file written there by any run) is read when the run's is missing.
 class CheckpointManager {
  public:
   // `owner` names the writer in file names (a run directory's name and a mode); "" gives plain
   // step-00000042.ckpt files.
-  CheckpointManager(std::string dir, int64_t keep_last, std::string owner = "");
+  CheckpointManager(std::string dir, int64_t keep_last, std::string owner = "", std::string pointer_dir = "");
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -99,17 +105,20 @@ class CheckpointManager {
   // object's lifetime and removes temporary files left by a killed write. An amplab::Error names
   // the directory when it cannot be written, or the process that holds the lock.
   void open_for_writing();
-  // Writes <owner>-step-<global_step>.ckpt atomically, points `latest` at it, then deletes this
+  // Writes <owner>-step-<global_step>.ckpt atomically, points the `latest` files at it, then deletes this
   // owner's older files beyond keep_last. Returns its path. A file of that name that this object
   // did not write is never replaced (an amplab::Error names it): it is another run's.
   std::string save(const TrainingState& state, const CheckpointInfo& info);
   // "latest" -> the file `latest` names; anything else is a path that must exist.
   std::string resolve(const std::string& spec) const;
-  // Whether `latest` names a checkpoint (what --resume auto asks).
+  // Whether there is a `latest` (what --resume auto asks).
   bool has_latest() const;
 
  private:
+  std::string resolve_run_pointer(const std::string& pointer) const;
+  std::string resolve_dir_pointer(const std::string& pointer) const;
   std::string dir_;
+  std::string pointer_dir_;
   int64_t keep_last_;
   std::string owner_;
   int lock_fd_ = -1;

@@ -1,6 +1,7 @@
 // The epoch loop around Trainer::step(): batches, logging every log_every steps (the only host
 // syncs besides fp16's skip decision), metrics files, divergence guard, checkpoints, Ctrl-C,
-// out-of-memory handling and exact resume.
+// out-of-memory handling and exact resume. fit() calls its parts: the Checkpointer
+// (checkpointer.hpp: --resume and saving), EpochLog (epoch_log.hpp) and the guards (guards.hpp).
 #pragma once
 
 #include <torch/types.h>
@@ -14,21 +15,10 @@
 #include "amplab/state/checkpoint.hpp"
 #include "amplab/data/batches.hpp"
 #include "amplab/report/run_dir.hpp"
+#include "amplab/train/epoch_log.hpp"
 #include "amplab/train/trainer.hpp"
 
 namespace amplab {
-
-struct EpochRecord {  // also kept in checkpoints, so that a resumed run reports every epoch
-  std::string tag;
-  int64_t epoch = 0;              // 1-based in reports
-  double train_loss = 0;          // mean over the epoch's optimizer steps
-  double seconds = 0;             // training time of the epoch (evaluation excluded)
-  double samples_per_second = 0;
-  int64_t steps = 0;              // optimizer steps in this epoch
-  int64_t skipped_steps = 0;      // steps the GradScaler skipped (fp16)
-  double loss_scale = 1.0;        // at the end of the epoch
-  nlohmann::json eval;            // what FitOptions::evaluate returned
-};
 
 enum class FitStatus { completed, interrupted, diverged, out_of_memory };
 
@@ -61,12 +51,15 @@ struct FitOptions {
   const RunDir* run_dir = nullptr; // metrics.csv, steps.csv, memory timeline (nullptr: none)
   CheckpointConfig checkpoint;
   std::string checkpoint_dir;      // resolved directory ("" disables checkpoints)
-  std::string resume;              // --resume: a path, "latest", "auto" (latest if there is one) or ""
+  std::string resume;              // --resume as given: a path, "latest", "auto" (latest if there is one) or ""
   bool force_resume = false;       // --force: resume although settings the position depends on changed
   std::string epochs_key = "train.epochs";  // the config key that set config.epochs (for messages)
   std::string checkpoint_extra;    // lab state saved with each checkpoint (CheckpointInfo::extra_json)
   std::function<nlohmann::json(int64_t epoch)> evaluate;  // after each epoch (epoch 1-based)
   DistributedHooks dist;
+  // Runs one optimizer step over micro-batches [first_batch, first_batch + batches) of the
+  // epoch; empty: Trainer::step, eagerly. The fast path (a CUDA graph of the step) plugs in here.
+  std::function<StepResult(BatchSource& data, int64_t first_batch, int64_t batches)> run_step;
 };
 
 // Trains from options.resume (or from the start) to the end of config.epochs. Resuming refuses,
@@ -75,11 +68,5 @@ struct FitOptions {
 // schedule...), unless options.force_resume. Checkpoints are only written with finite
 // parameters, so the last one is always good; fit() says which it is when training diverges.
 FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options);
-
-// Resolves --resume: "auto" is "latest" when `dir` holds one, else "" (a fresh start).
-std::string resolve_resume(const std::string& spec, const std::string& dir);
-
-// The default checkpoint directory of a lab: <run.out_dir>/<lab>/checkpoints unless set.
-std::string checkpoint_dir_for(const CheckpointConfig& checkpoint, const RunConfig& run, const std::string& lab);
 
 }  // namespace amplab
