@@ -471,7 +471,10 @@ std::optional<int> check_before_run(const KernelsConfig& config, const amplab::C
 }  // namespace
 
 int main(int argc, char** argv) {
-  return amplab::lab_main<KernelsConfig>(argc, argv, {"cuda_kernels", "Lab 6: CUDA kernels"}, check_before_run, [](Lab& lab) {
+  const amplab::LabInfo info{"cuda_kernels", "Lab 6: CUDA kernels", /*accepts_resume=*/false,
+                             "sizes.elementwise_n, sizes.reduction_n, convolution.bench_size, matmul.sizes, fused.rows, "
+                             "fused.cols, fused.mlp_width, fused.mlp_batch"};
+  return amplab::lab_main<KernelsConfig>(argc, argv, info, check_before_run, [](Lab& lab) {
     const Timer timer{lab.config.bench, lab.device};
     Plots plots{lab.results};
     {  // The memory roof: a device-to-device copy of 400 MB (read + write).
