@@ -12,10 +12,10 @@
 #include <cmath>
 #include <iostream>
 
+#include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
-#include "amplab/fast/fast_path.hpp"
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
