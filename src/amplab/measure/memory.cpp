@@ -2,6 +2,7 @@
 #include "amplab/measure/memory.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/record_function.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -91,6 +92,10 @@ void reset_peak_memory(torch::Device device) {
   std::ofstream("/proc/self/clear_refs") << "5";
 }
 
+struct MemoryTracker::PhaseRange {
+  at::RecordFunction range{at::RecordScope::USER_SCOPE};
+};
+
 MemoryTracker::MemoryTracker(torch::Device device, const MemoryConfig& config)
     : device_(device), config_(config), start_seconds_(now_seconds()) {}
 
@@ -103,6 +108,10 @@ void MemoryTracker::begin(Phase phase) {
 #ifdef AMPLAB_WITH_CUDA
   nvtxRangePushA(to_string(phase));
 #endif
+  if (at::hasCallbacks()) {  // a profiler is recording (run.trace): the phase is a range of its trace
+    range_ = std::make_shared<PhaseRange>();
+    range_->range.before(to_string(phase));
+  }
 }
 
 void MemoryTracker::close_phase() {
@@ -110,6 +119,7 @@ void MemoryTracker::close_phase() {
 #ifdef AMPLAB_WITH_CUDA
   nvtxRangePop();
 #endif
+  range_.reset();
   phase_open_ = false;
   MemoryReading reading = read_memory(device_);
   auto& peak = phase_peak_[static_cast<int>(current_)];

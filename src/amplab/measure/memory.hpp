@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,8 @@ class MemoryTracker {
   torch::Device device_;
   MemoryConfig config_;
   bool phase_open_ = false;
+  struct PhaseRange;                  // the open phase as a profiler range (StepTrace shows it)
+  std::shared_ptr<PhaseRange> range_;
   Phase current_ = Phase::other;
   int64_t step_ = 0;
   double start_seconds_;
