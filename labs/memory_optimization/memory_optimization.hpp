@@ -3,7 +3,8 @@
 // the four levers: batch size, precision, gradient accumulation and activation checkpointing. The
 // lab binary (apps/memory_optimization) measures memory and throughput per batch size, finds the
 // largest batch that fits, trains beyond it with accumulation and trades compute for memory with
-// checkpointing; tests/labs/memory_optimization_test.cpp grades your functions.
+// checkpointing, and hunts a leak in a training loop's loss history;
+// tests/labs/memory_optimization_test.cpp grades your functions.
 #pragma once
 
 #include <torch/torch.h>
@@ -19,7 +20,7 @@
 
 #include "amplab/infra/config.hpp"             // Range (BatchFinderConfig's fields)
 #include "amplab/infra/error.hpp"              // AMPLAB_TODO in the starter
-#include "amplab/measure/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1)
+#include "amplab/measure/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1), MemoryTracker
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"            // Trainer, Batch, MicroBatches, LossFn
 #include "amplab/state/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
@@ -220,5 +221,40 @@ struct Comparison {
 // TODO(memory_optimization-7): how `candidate` compares with `baseline` (peak allocated memory
 // and step time). Both stay 0 when either did not fit or has no peak or time.
 Comparison compare(const Measurement& baseline, const Measurement& candidate);
+
+// ---- TODO 8: a leak hunt ----------------------------------------------------------------------
+
+// The loss history a training loop keeps for its log and its report: a loss recorded every step,
+// turned into host numbers at log points (flush), and the running sum the log's mean comes from.
+struct LossHistory {
+  std::vector<torch::Tensor> pending;  // recorded since the last flush(), on the device they came from
+  std::vector<double> values;          // every loss recorded up to the last flush(), in order
+  torch::Tensor sum;                   // the sum of every recorded loss, 0-dim (undefined before the first)
+  int64_t count = 0;                   // losses recorded
+
+  // TODO(memory_optimization-8): keeps one step's `loss` (0-dim, maybe with an autograd graph)
+  // for the history and adds it to `sum`, such that memory stays flat however many are recorded.
+  void record(const torch::Tensor& loss);
+  // TODO(memory_optimization-8): a log point: the pending losses, in order, become host numbers
+  // appended to `values`; `pending` is empty again. Returns `values`.
+  const std::vector<double>& flush();
+  // Given: sum / count as a number (0 before the first record).
+  double mean() const;
+};
+
+// What the leak hunt's loop hands each step's loss to: LossHistory::record, or the lab binary's
+// leaky recording it compares yours with.
+using RecordLoss = std::function<void(const torch::Tensor& loss)>;
+
+// Given: the leak hunt's training loop. `steps` steps of `optimizer` on `model`, each on a fresh
+// batch of `batch` samples (make_batch with `teacher`, on held_out's device); after each, the loss
+// on the fixed batch `held_out`, evaluated the way this loop's author wrote it (in grad mode), goes
+// to `record`. Then `after_step(step)`, when set, with nothing of the step alive but what record
+// kept: the tests and the lab binary read memory there. A `tracker` gets each step's phases
+// (forward, backward, optimizer, and `other` for the held-out loss) and end_step.
+void train_with_history(DeepMlp& model, torch::optim::Optimizer& optimizer, const torch::Tensor& teacher,
+                        const amplab::Batch& held_out, int64_t batch, int64_t steps, const RecordLoss& record,
+                        const std::function<void(int64_t step)>& after_step = {},
+                        amplab::MemoryTracker* tracker = nullptr);
 
 }  // namespace memory_optimization

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <thread>
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -690,6 +691,54 @@ TEST(MemoryOptimization7_Compare, MemorySavingAndTimeOverheadAgainstTheBaseline)
   EXPECT_EQ(none.memory_saving, 0.0) << "a setting that did not fit is not compared";
   EXPECT_EQ(none.time_overhead, 0.0);
   EXPECT_EQ(mo::compare(oom, base).memory_saving, 0.0);
+}
+
+// ---- TODO(memory_optimization-8): the leak hunt ------------------------------------------------
+
+// 50 steps of the leak hunt's loop on a small model, the held-out loss (computed in grad mode)
+// recorded through your LossHistory and flushed every 10 steps, as at log points. The bytes torch's
+// CPU allocator holds after the log point of step 10 and after that of step 50 are the same, up
+// to a small tensor per step (a detached 0-dim loss kept until flush is fine); a loss kept with
+// its graph keeps a whole forward's activations, about 200 KB a step here. And the history holds
+// every step's held-out loss, each recomputed here without a graph, in order.
+TEST(MemoryOptimization8_LeakHunt, MemoryStaysFlatAndTheHistoryHoldsEveryStepsLoss) {
+  constexpr int64_t kSteps = 50, kLogEvery = 10, kSlackPerStep = 64;  // bytes: a few scalars' worth
+  torch::manual_seed(0);
+  mo::DeepMlp model(small_mlp(0.0, /*width=*/16, /*depth=*/5));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto teacher = torch::randn({16, 5});
+  amplab::Batch held_out = mo::make_batch(64, teacher, torch::kCPU);
+  mo::LossHistory history;
+  std::vector<double> expected;          // each step's held-out loss, recomputed under no_grad
+  std::map<int64_t, int64_t> bytes_at;   // steps done -> bytes allocated after that log point
+  test::CpuAllocationCounter counter;
+  mo::train_with_history(model, sgd, teacher, held_out, /*batch=*/32, kSteps,
+                         [&](const torch::Tensor& loss) { history.record(loss); },
+                         [&](int64_t step) {
+                           {
+                             torch::NoGradGuard no_grad;
+                             expected.push_back(mo::loss_of(model, held_out).item<double>());
+                           }
+                           if ((step + 1) % kLogEvery == 0) {
+                             history.flush();
+                             bytes_at[step + 1] = counter.current();
+                           }
+                         });
+  const int64_t growth = bytes_at[kSteps] - bytes_at[kLogEvery];
+  EXPECT_LE(growth, (kSteps - kLogEvery) * kSlackPerStep)
+      << "allocated bytes grew by " << growth << " from step " << kLogEvery << " to step " << kSteps << " ("
+      << growth / (kSteps - kLogEvery) << " bytes a step): something keeps each step's graph alive";
+  EXPECT_GE(growth, -(kSteps - kLogEvery) * kSlackPerStep) << "allocated bytes fell by " << -growth;
+  EXPECT_EQ(history.count, kSteps) << "one record per step";
+  EXPECT_TRUE(history.pending.empty()) << "flush() leaves nothing pending";
+  ASSERT_EQ(history.values.size(), expected.size()) << "flush() turns every recorded loss into a number, once";
+  double total = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(history.values[i], expected[i], 1e-6 * std::abs(expected[i]) + 1e-7) << "step " << i;
+    total += expected[i];
+  }
+  EXPECT_NEAR(history.mean(), total / kSteps, 1e-6 * std::abs(total / kSteps) + 1e-7) << "sum / count";
+  EXPECT_LT(history.values.back(), history.values.front()) << "the held-out loss falls as the model trains";
 }
 
 // ---- On a GPU --------------------------------------------------------------------------------
