@@ -397,12 +397,9 @@ void part_fused_op(Lab& lab, const Timer& timer) {
     const double forward_bytes = element * (2 * rc + f.cols), backward_bytes = element * (3 * rc + 2.0 * f.cols);
     for (bool backward : {false, true}) {
       auto pass = [&](auto fn) {
-        if (!backward) {
-          torch::NoGradGuard no_grad;
-          fn(x, bias);
-        } else {
-          torch::autograd::grad({fn(x, bias)}, {x, bias}, {grad_y});
-        }
+        if (backward) return void(torch::autograd::grad({fn(x, bias)}, {x, bias}, {grad_y}));
+        torch::NoGradGuard no_grad;
+        fn(x, bias);
       };
       const double composed_ms = timer.ms([&] { pass(ck::bias_gelu_composed); });
       const Outcome o = timer.kernel(
