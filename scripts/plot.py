@@ -74,9 +74,8 @@ def plot_amp(run_dir):
     fig, axes = plt.subplots(len(models), 2, figsize=(10, 3.2 * len(models)), squeeze=False)
     for i, model in enumerate(models):
         sub = [r for r in rows if r["model"] == model]
-        # fp16-mixed without its scaler is the "scaler cost" reference; label it so
-        names = [r["precision"] + ("\n(no scaler)" if r["precision"] == "fp16-mixed" and r.get("loss_scaling") == "off" else "")
-                 for r in sub]
+        # the console's label: fp16-mixed without its scaler, the "scaler cost" reference, says so
+        names = [r["label"].replace(" (", "\n(") for r in sub]
         ms = [float(r["step_ms_median"]) for r in sub]
         bars = axes[i][0].bar(names, ms, color="#4c72b0")
         for bar, r in zip(bars, sub):

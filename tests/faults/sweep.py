@@ -386,7 +386,7 @@ def surprise_cases(bindir, out_root):
     # Values each in its range that the machine or the libraries cannot honour: named, with the limit.
     for lab, assignment, names, what in [
             ("ddp", "dist.timeout_s=1e10", ["dist.timeout_s", "604800"], "dist.timeout_s beyond a week"),
-            ("amp_training", "amp.mlp.cpu_width=65536", ["amp.mlp.cpu_width", "bytes"], "the documented maximum width"),
+            ("amp_training", "amp.mlp.width=65536", ["amp.mlp.width", "bytes"], "the documented maximum width"),
             ("memory_optimization", "mem.model.width=65536", ["mem.model.width", "bytes"],
              "the documented maximum width")]:
         def too_big(lab=lab, assignment=assignment, names=names):
