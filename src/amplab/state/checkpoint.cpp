@@ -1,3 +1,4 @@
+// Checkpoint files (header, CRC, torch archive), loading that verifies before it restores, and the checkpoint directory with its `latest` pointers.
 #include "amplab/state/checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -162,6 +163,39 @@ torch::serialize::InputArchive open_archive(const std::string& payload, const st
   return archive;
 }
 
+// The checkpoint's model tensors, verified against the model's: the same names, shapes and dtypes.
+std::vector<torch::Tensor> stored_model_tensors(torch::serialize::InputArchive& archive,
+                                                const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                                const std::string& path) {
+  std::vector<std::string> stored_names;
+  {
+    std::istringstream in(read_scalar<std::string>(archive, "model_names", path));
+    for (std::string line; std::getline(in, line);) stored_names.push_back(line);
+  }
+  std::vector<torch::Tensor> stored(stored_names.size());
+  for (size_t i = 0; i < stored_names.size(); ++i) {
+    if (!archive.try_read("model_t" + std::to_string(i), stored[i], /*is_buffer=*/true))
+      throw Error("checkpoint '" + path + "' lacks tensor '" + stored_names[i] + "'");
+  }
+  for (size_t i = 0; i < std::max(tensors.size(), stored_names.size()); ++i) {
+    if (i >= stored_names.size())
+      throw Error("checkpoint '" + path + "' does not match the model: it lacks '" + tensors[i].first + "' " +
+                  shape_string(tensors[i].second));
+    if (i >= tensors.size())
+      throw Error("checkpoint '" + path + "' does not match the model: it has '" + stored_names[i] +
+                  "', which the model does not");
+    if (stored_names[i] != tensors[i].first)
+      throw Error("checkpoint '" + path + "' does not match the model: tensor " + std::to_string(i) + " is '" +
+                  stored_names[i] + "' in the checkpoint, '" + tensors[i].first + "' in the model");
+    if (stored[i].sizes() != tensors[i].second.sizes() || stored[i].scalar_type() != tensors[i].second.scalar_type())
+      throw Error("checkpoint '" + path + "' does not match the model: '" + stored_names[i] + "' is " +
+                  shape_string(stored[i]) + " " + std::string(c10::toString(stored[i].scalar_type())) +
+                  " in the checkpoint, " + shape_string(tensors[i].second) + " " +
+                  std::string(c10::toString(tensors[i].second.scalar_type())) + " in the model");
+  }
+  return stored;
+}
+
 }  // namespace
 
 std::string serialize_checkpoint(const TrainingState& state, const CheckpointInfo& info) {
@@ -250,32 +284,7 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
 
   // 1. Verify: every model tensor present with the same name and shape, same optimizer kind.
   auto tensors = model_tensors(state.model);
-  std::vector<std::string> stored_names;
-  {
-    std::istringstream in(read_scalar<std::string>(archive, "model_names", path));
-    for (std::string line; std::getline(in, line);) stored_names.push_back(line);
-  }
-  std::vector<torch::Tensor> stored(stored_names.size());
-  for (size_t i = 0; i < stored_names.size(); ++i) {
-    if (!archive.try_read("model_t" + std::to_string(i), stored[i], /*is_buffer=*/true))
-      throw Error("checkpoint '" + path + "' lacks tensor '" + stored_names[i] + "'");
-  }
-  for (size_t i = 0; i < std::max(tensors.size(), stored_names.size()); ++i) {
-    if (i >= stored_names.size())
-      throw Error("checkpoint '" + path + "' does not match the model: it lacks '" + tensors[i].first + "' " +
-                  shape_string(tensors[i].second));
-    if (i >= tensors.size())
-      throw Error("checkpoint '" + path + "' does not match the model: it has '" + stored_names[i] +
-                  "', which the model does not");
-    if (stored_names[i] != tensors[i].first)
-      throw Error("checkpoint '" + path + "' does not match the model: tensor " + std::to_string(i) + " is '" +
-                  stored_names[i] + "' in the checkpoint, '" + tensors[i].first + "' in the model");
-    if (stored[i].sizes() != tensors[i].second.sizes() || stored[i].scalar_type() != tensors[i].second.scalar_type())
-      throw Error("checkpoint '" + path + "' does not match the model: '" + stored_names[i] + "' is " +
-                  shape_string(stored[i]) + " " + std::string(c10::toString(stored[i].scalar_type())) +
-                  " in the checkpoint, " + shape_string(tensors[i].second) + " " +
-                  std::string(c10::toString(tensors[i].second.scalar_type())) + " in the model");
-  }
+  std::vector<torch::Tensor> stored = stored_model_tensors(archive, tensors, path);
   std::string kind = read_scalar<std::string>(archive, "optimizer_kind", path);
   if (kind != optimizer_kind(state.optimizer))
     throw Error("checkpoint '" + path + "' holds " + kind + " optimizer state; this run uses " +

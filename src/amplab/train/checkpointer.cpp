@@ -1,3 +1,4 @@
+// The Checkpointer: --resume resolved, loaded and checked; the save policy and the last good checkpoint.
 #include "amplab/train/checkpointer.hpp"
 
 #include <torch/torch.h>

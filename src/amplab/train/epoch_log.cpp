@@ -1,3 +1,4 @@
+// EpochRecord and EpochSums as JSON, the loss window, steps.csv, metrics.csv, the epoch line and the memory report.
 #include "amplab/train/epoch_log.hpp"
 
 #include <cmath>

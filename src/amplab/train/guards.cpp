@@ -1,3 +1,4 @@
+// The checks that stop a run: batch size, divergence, out of memory, agreed interrupts.
 #include "amplab/train/guards.hpp"
 
 #include <csignal>

@@ -1,3 +1,4 @@
+// fit(): the epoch loop, an Epoch at a time, calling the Checkpointer, the EpochLog and the guards.
 #include "amplab/train/loop.hpp"
 
 #include <torch/torch.h>
