@@ -39,8 +39,7 @@ using amplab::Precision;
 using amplab::Range;
 using json = nlohmann::json;
 
-// ---- Config (the GPU's sizes; configs/amp_training.yaml's `cpu:` section has the CPU's) ---------
-
+// The config holds the GPU's sizes; configs/amp_training.yaml's `cpu:` section has the CPU's.
 struct MlpConfig {
   int64_t width = 8192, layers = 4, batch = 8192;
   template <class V> void fields(V& v) {
@@ -94,7 +93,7 @@ struct OverflowConfig {
     v.field("enabled", enabled, "trace the loss scale through injected overflows");
     v.field("steps", steps, "steps traced", Range<int64_t>::between(1, 1000));
     v.field("overflow_at", overflow_at, "steps whose loss spikes (x 1e38: inf once scaled)", Range<int64_t>::at_least(0));
-    v.field("growth_interval", growth_interval, "clean steps before the scale doubles (PyTorch: 2000, too long to watch)",
+    v.field("growth_interval", growth_interval, "clean steps before the scale doubles (PyTorch's 2000: too long to watch)",
             Range<int64_t>::at_least(1));
   }
 };
@@ -147,8 +146,6 @@ struct AmpConfig {
 };
 
 using AmpLab = amplab::Lab<AmpConfig>;
-
-// ---- The workloads ------------------------------------------------------------------------------
 
 // The MLP's weights are made on the CPU; on the CPU its step also needs their gradients and the
 // (B, width) input and target. A size that cannot fit is refused before the run starts, naming
@@ -230,8 +227,6 @@ Workload make_workload(const std::string& name, const AmpLab& lab, uint64_t seed
   return w;
 }
 
-// ---- The peak -----------------------------------------------------------------------------------
-
 // Throughput of a bf16 n x n x n matmul (TFLOP/s, median over windows): the ceiling the MLP's
 // TFLOP/s are compared with. On a GPU the first timing has 200 untimed matmuls first (about
 // 0.3 s on an H100/H200), so that a GPU that just woke up has reached its clocks; a cold peak
@@ -308,8 +303,6 @@ double settle_peak(AmpLab& lab, double cold) {
   return peak;
 }
 
-// ---- The precisions -----------------------------------------------------------------------------
-
 // One row of the comparison: a model trained in one precision.
 struct PrecisionResult {
   std::string model;
@@ -321,10 +314,8 @@ struct PrecisionResult {
   double final_loss = NAN, samples_per_s = 0, tflops = 0;  // tflops 0: the FLOPs are not counted
   bool ran() const { return skipped_because.empty(); }
   std::string label() const {  // "bf16-mixed", "fp16-mixed (no scaler)"
-    std::string name = amplab::to_string(precision);
-    if (amplab::needs_loss_scaling(precision) && !loss_scaling) name += " (no scaler)";
-    if (!amplab::needs_loss_scaling(precision) && loss_scaling) name += " (scaler)";
-    return name;
+    const bool usual = loss_scaling == amplab::needs_loss_scaling(precision);
+    return amplab::to_string(precision) + (usual ? "" : loss_scaling ? " (scaler)" : " (no scaler)");
   }
 };
 
@@ -393,7 +384,8 @@ void record_precisions(AmpLab& lab, const std::vector<PrecisionResult>& rows, do
   using amplab::decimals;
   auto& table = lab.results.table(
       "precision", {{"model", "model"}, {"label", "precision"}, {"precision", ""},
-                    {"loss_scaling", "scaler", [](const json& v) { return v.is_null() ? "-" : v.get<bool>() ? "on" : "off"; }}, {"ran", ""},
+                    {"loss_scaling", "scaler", [](const json& v) { return v.is_null() ? "-" : v.get<bool>() ? "on" : "off"; }},
+                    {"ran", ""},
                     {"step_ms_median", "ms/step", decimals(3)}, {"step_ms_q1", ""}, {"step_ms_q3", ""},
                     {"step_ms_iqr", "IQR ms", decimals(3)}, {"windows", ""}, {"samples_per_s", "samples/s", decimals(0)},
                     {"tflops", "TFLOP/s", decimals(lab.on_cpu() ? 3 : 1)},
@@ -445,8 +437,6 @@ void record_scaler_cost(AmpLab& lab, const std::vector<PrecisionResult>& rows) {
     }
   lab.results.set("scaler_cost", costs);
 }
-
-// ---- Why fp16 needs loss scaling, and the scaler through an overflow ----------------------------
 
 // The underflow table, with your gradients_under and flushed_share (TODO amp_training-8).
 void record_underflow(AmpLab& lab, uint64_t seed) {

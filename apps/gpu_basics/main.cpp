@@ -23,8 +23,7 @@ struct BenchConfig {
   int64_t cpu_max_size = 2048;
   std::vector<std::string> dtypes = {"fp32", "tf32", "fp16", "bf16"};
   int64_t copy_mib = 256;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.field("warmup", warmup, "untimed runs before timing", Range<int64_t>::at_least(0));
     v.field("repeats", repeats, "timed runs (median reported)", Range<int64_t>::at_least(1));
     v.field("matmul_sizes", matmul_sizes, "n of the n x n x n matmuls", Range<int64_t>::between(1, 32768));
@@ -38,8 +37,7 @@ struct BenchConfig {
 struct GpuBasicsConfig {
   amplab::RunConfig run;
   BenchConfig bench;
-  template <class V>
-  void fields(V& v) {
+  template <class V> void fields(V& v) {
     v.section("run", run);
     v.section("bench", bench);
   }
@@ -134,7 +132,8 @@ void sweep_matmul(GpuLab& lab) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return amplab::lab_main<GpuBasicsConfig>(argc, argv, {"gpu_basics", "Lab 1: GPU basics", false, "bench.copy_mib or bench.matmul_sizes"}, [](GpuLab& lab) {
+  const amplab::LabInfo info{"gpu_basics", "Lab 1: GPU basics", /*accepts_resume=*/false, "bench.copy_mib or bench.matmul_sizes"};
+  return amplab::lab_main<GpuBasicsConfig>(argc, argv, info, [](GpuLab& lab) {
     describe_device(lab);
     show_placement(lab);
     time_matmul(lab);
