@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/state/checkpoint.hpp"
+#include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/infra/signals.hpp"
 #include "amplab/train/trainer.hpp"
@@ -596,6 +598,30 @@ TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
   options.resume = "latest";
   EXPECT_TRUE(std::filesystem::equivalent(fit(trainer, batches, options).last_checkpoint, b.last_checkpoint));
   log::init(log::Level::info);
+}
+
+// The loop's part of a checkpoint as earlier builds wrote it, by hand: the same keys, a NaN loss as
+// null. It reads into LoopState and writes back the same; a state without any of its keys reads
+// as empty (files of builds before the settings and sums were kept).
+TEST(Loop, LoopStateReadsWhatEarlierBuildsWrote) {
+  const std::string earlier =
+      R"({"epochs":[{"epoch":1,"eval":{"test_accuracy":0.5},"loss_scale":1.0,"samples_per_second":10.0,)"
+      R"("seconds":2.0,"skipped_steps":0,"steps":8,"tag":"t","train_loss":null}],"settings":{"batch_size":4},)"
+      R"("sums":{"loss_count":3,"loss_sum":1.5,"samples":12,"seconds":0.5,"skipped":1,"steps":3}})";
+  const LoopState state = nlohmann::json::parse(earlier).get<LoopState>();
+  ASSERT_EQ(state.epochs.size(), 1u);
+  EXPECT_TRUE(std::isnan(state.epochs[0].train_loss));
+  EXPECT_EQ(state.epochs[0].steps, 8);
+  EXPECT_EQ(state.epochs[0].eval.value("test_accuracy", 0.0), 0.5);
+  EXPECT_EQ(state.sums.loss_count, 3);
+  EXPECT_EQ(state.sums.skipped, 1);
+  ASSERT_EQ(state.settings.list.size(), 1u);
+  EXPECT_EQ(state.settings.list[0].name, "batch_size");
+  EXPECT_EQ(nlohmann::json::parse(nlohmann::json(state).dump()), nlohmann::json::parse(earlier));
+  const LoopState bare = nlohmann::json::object().get<LoopState>();
+  EXPECT_TRUE(bare.epochs.empty());
+  EXPECT_TRUE(bare.settings.list.empty());
+  EXPECT_EQ(bare.sums.steps, 0);
 }
 
 }  // namespace
