@@ -15,22 +15,23 @@
 #include <mutex>
 #include <thread>
 
-#include "amplab/infra/app.hpp"
 #include "amplab/data/mnist.hpp"
-#include "amplab/infra/device.hpp"
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
 #include "amplab/fast/fast_path.hpp"
+#include "amplab/infra/app.hpp"
+#include "amplab/infra/device.hpp"
 #include "amplab/infra/files.hpp"
-#include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/infra/log.hpp"
-#include "amplab/train/checkpointer.hpp"
-#include "amplab/train/loop.hpp"
+#include "amplab/infra/signals.hpp"
+#include "amplab/measure/gpu_monitor.hpp"
+#include "amplab/measure/timing.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
 #include "amplab/report/report.hpp"
-#include "amplab/infra/signals.hpp"
+#include "amplab/report/results.hpp"
 #include "amplab/report/table.hpp"
-#include "amplab/measure/timing.hpp"
+#include "amplab/train/checkpointer.hpp"
+#include "amplab/train/loop.hpp"
 #include "ddp_lab.hpp"
 #include "mechanisms.hpp"
 
@@ -108,8 +109,10 @@ std::string parameter_fingerprint(torch::nn::Module& model) {
   return amplab::hex32(amplab::crc32_of(bytes));
 }
 
+// Trains the MNIST network data-parallel with dist.sync, then checks that every rank holds the
+// same parameters; the epochs and the check go into `results`.
 int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run, const std::string& yaml,
-          const amplab::CommandLine& cli) {
+          const amplab::CommandLine& cli, amplab::Results& results) {
   const auto& world = setup.world;
   amplab::MnistData data = amplab::load_mnist(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
@@ -167,17 +170,17 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   std::string mine = parameter_fingerprint(*net);
   auto all = setup.comm->all_gather_bytes(mine);
   bool identical = std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == mine; });
-  if (world.is_main()) {
+  if (world.is_main())
     std::cout << "parameters identical on all " << world.world_size << " rank(s): " << (identical ? "yes" : "NO")
               << " (crc32 " << mine << ")\n";
-    nlohmann::json epochs = nlohmann::json::array();
-    for (const auto& e : fit.epochs)
-      epochs.push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"train_loss", e.train_loss},
-                        {"samples_per_second_global", e.samples_per_second * world.world_size}, {"eval", e.eval}});
-    run.write_summary({{"world_size", world.world_size}, {"backend", setup.comm->backend()},
-                       {"sync", amplab::enum_to_string(config.dist.sync)}, {"fast_path", config.train.fast_path}, {"epochs", epochs},
-                       {"parameters_identical", identical}, {"fingerprint", mine}});
-  }
+  auto& epochs = results.table("epochs", {{"epoch", ""}, {"seconds", ""}, {"train_loss", ""}, {"samples_per_second_global", ""}, {"eval", ""}});
+  for (const auto& e : fit.epochs) epochs.add({e.epoch, e.seconds, e.train_loss, e.samples_per_second * world.world_size, e.eval});
+  results.set("world_size", world.world_size);
+  results.set("backend", setup.comm->backend());
+  results.set("sync", amplab::enum_to_string(config.dist.sync));
+  results.set("fast_path", config.train.fast_path);
+  results.set("parameters_identical", identical);
+  results.set("fingerprint", mine);
   return identical ? amplab::kExitOk : amplab::kExitFailure;
 }
 
@@ -448,38 +451,25 @@ void trace_steps(const std::function<void()>& step, torch::Device device, const 
   if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
 }
 
-// Time per step of the MLP: alone (no communication: the ideal), then each version of gradient
-// synchronization that bench.settings names: your four steps (one optimizer step after the sync),
-// the bucketed one with the reference's settings (each bucket stepped as soon as it is reduced),
-// without overlap, with bf16 gradients, and with the first layer in pieces (alone and bucketed).
-// Scaling efficiency = time alone (the plain MLP) / time of the setting; exposed communication =
-// time of the setting - time alone.
-int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run) {
+// One row of the bench: the plain MLP alone, or a version of gradient synchronization.
+struct BenchSetting {
+  std::string name;
+  bool alone = false;                           // no DDP, no communication
+  ddp_lab::SyncKind sync = ddp_lab::SyncKind::bucketed;
+  bool overlap = true;                          // else dist.overlap = false
+  bool step_each_bucket = true;                 // else one optimizer step after the sync
+  bool bf16_gradients = false;                  // else dist.compression as configured
+  int64_t first_layer_pieces = 1;
+};
+
+// The rows bench.settings names, after the plain MLP alone (the baseline of every efficiency):
+// your four steps (one optimizer step after the sync), the bucketed one with the reference's
+// settings (each bucket stepped as soon as it is reduced), without overlap, with bf16 gradients,
+// and with the first layer in pieces (alone and bucketed).
+std::vector<BenchSetting> bench_settings(const DdpConfig& config) {
   const auto& b = config.bench;
-  const auto& world = setup.world;
-  amplab::Table table({"setting", "ms/step", "IQR", "efficiency", "exposed (ms)", "forward", "backward",
-                       "after backward", "back-to-back ms/step", "efficiency", "samples/s (all ranks)", "SM clock"});
-  amplab::Table back_to_back_phases({"setting (back to back)", "forward", "backward", "after backward", "ms/step",
-                                     "SM clock", "power", "power-capped"});
-  amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing (all ranks' shown)
-  nlohmann::json rows = nlohmann::json::array();
-  double alone_ms = 0, alone_back_to_back_ms = 0;
-  // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
-  // is on this machine too.
-  std::string trace_dir = b.trace ? setup.comm->all_gather_bytes(run.enabled() ? run.path() : "")[0] : "";
-  if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
-  // One row each; the first, the plain MLP alone, is the baseline of every efficiency.
-  struct Setting {
-    std::string name;
-    bool alone = false;                           // no DDP, no communication
-    ddp_lab::SyncKind sync = ddp_lab::SyncKind::bucketed;
-    bool overlap = true;                          // else dist.overlap = false
-    bool step_each_bucket = true;                 // else one optimizer step after the sync
-    bool bf16_gradients = false;                  // else dist.compression as configured
-    int64_t first_layer_pieces = 1;
-  };
   auto wanted = [&](const std::string& key) { return std::ranges::find(b.settings, key) != b.settings.end(); };
-  std::vector<Setting> settings = {{.name = "alone", .alone = true}};
+  std::vector<BenchSetting> settings = {{.name = "alone", .alone = true}};
   for (auto [key, kind] : {std::pair{"naive", ddp_lab::SyncKind::naive}, std::pair{"flat", ddp_lab::SyncKind::flat},
                            std::pair{"overlapped", ddp_lab::SyncKind::overlapped},
                            std::pair{"bucketed", ddp_lab::SyncKind::bucketed}})
@@ -493,135 +483,173 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
     settings.push_back({.name = "alone, " + in_pieces, .alone = true, .first_layer_pieces = b.first_layer_pieces});
     settings.push_back({.name = "bucketed, each bucket stepped, " + in_pieces, .first_layer_pieces = b.first_layer_pieces});
   }
-  Timeline timeline;
-  for (const Setting& setting : settings) {
-    torch::manual_seed(0);
-    auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
-    amplab::dist::DistConfig dist_config = config.dist;
-    dist_config.overlap = setting.overlap;
-    dist_config.step_each_bucket = setting.step_each_bucket;
-    if (setting.bf16_gradients) dist_config.compression = amplab::dist::Compression::bf16;
-    // With bench.trace, the sync talks through a communicator that puts its all-reduces on the timeline.
-    ddp_lab::Setup traced = setup;
-    std::shared_ptr<TimelineCommunicator> timeline_comm;
-    if (b.trace && !setting.alone) traced.comm = timeline_comm = std::make_shared<TimelineCommunicator>(setup.comm, timeline);
-    std::unique_ptr<ddp_lab::DataParallel> sync;
-    if (setting.alone) mlp->to(setup.device);
-    else sync = ddp_lab::make_gradient_sync(setting.sync, mlp.ptr(), traced, dist_config);
-    amplab::TrainConfig train;
-    train.precision = b.precision;
-    train.fast_path = true;  // fused SGD: what bucketed_fast steps bucket by bucket
-    train.optimizer.lr = 1e-4;
-    amplab::MemoryConfig memory;
-    memory.track = false;
-    // The sum of the outputs over the batch, accumulated in fp32 outside autocast: the cheapest
-    // loss that trains every layer (bench/ddp_reference.py times the same one in Python).
-    auto loss_fn = [&](const amplab::Batch& batch) {
-      torch::Tensor out = mlp->forward(batch.input);
-      amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
-      return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
-    };
-    amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory,
-                            amplab::make_fast_path_optimizer);
-    PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
-    trainer.set_gradient_sync(&phases);
-    amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
-    auto step = [&] {
-      phases.start_step();
-      trainer.step(batch);
-      phases.end_step();
-    };
-    setup.comm->barrier();
-    amplab::log::info("bench: " + setting.name + ": timing each step");
-    monitor.start();
-    for (int i = 0; i < b.warmup; ++i) step();
+  return settings;
+}
+
+// What one setting measured.
+struct BenchTimes {
+  amplab::Summary each;                    // ms of each step, timed by itself
+  std::vector<double> phases;              // their forward, backward, after backward (medians, ms)
+  double back_to_back = 0;                 // ms/step, steps queued without waiting
+  std::vector<double> back_to_back_phases;  // the last back-to-back window's
+  nlohmann::json gpu, gpu_back_to_back;    // every rank's GPU reading while timing
+};
+
+// bench.trace: the profiler's traces of `step` (waited for, then back to back) and two more
+// steps on the timeline, every rank's in one file, into `trace_dir` ("": the steps only).
+void trace_setting(const std::string& setting, const std::function<void()>& step, const ddp_lab::Setup& setup,
+                   const std::string& trace_dir, Timeline& timeline, TimelineCommunicator* timeline_comm) {
+  // The setting's name as a file name: "bucketed, no overlap" -> "bucketed_no_overlap".
+  std::string key;
+  for (char c : setting.substr(0, setting.find(" ("))) {
+    if (std::isalnum(static_cast<unsigned char>(c))) key += c;
+    else if (!key.empty() && key.back() != '_') key += '_';
+  }
+  for (bool back_to_back : {false, true}) {
+    std::string name = "trace_" + key + (back_to_back ? "_back_to_back" : "") +
+                       (setup.world.rank > 0 ? "_rank" + std::to_string(setup.world.rank) : "") + ".json";
+    trace_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name, back_to_back);
+  }
+  setup.comm->barrier();
+  timeline.set_recording(true);
+  for (int i = 0; i < 2; ++i) {
+    step();
     amplab::synchronize(setup.device);
-    std::vector<double> times;  // ms of each step, timed by itself
-    amplab::DeviceTimer timer(setup.device);
-    for (int i = 0; i < b.steps; ++i) {
-      timer.start();
-      step();
-      times.push_back(timer.stop_ms());
-    }
-    auto gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
-    auto s = amplab::summarize(times);
-    auto phase_ms = phases.medians();
-    if (b.trace) {
-      // The setting's name as a file name: "bucketed, no overlap" -> "bucketed_no_overlap".
-      std::string key;
-      for (char c : setting.name.substr(0, setting.name.find(" ("))) {
-        if (std::isalnum(static_cast<unsigned char>(c))) key += c;
-        else if (!key.empty() && key.back() != '_') key += '_';
-      }
-      for (bool back_to_back : {false, true}) {
-        std::string name = "trace_" + key + (back_to_back ? "_back_to_back" : "") +
-                           (world.rank > 0 ? "_rank" + std::to_string(world.rank) : "") + ".json";
-        trace_steps(step, setup.device, trace_dir.empty() ? std::string() : trace_dir + "/" + name, back_to_back);
-      }
-      // Two more steps on the timeline, every rank's in one file.
-      setup.comm->barrier();
-      timeline.set_recording(true);
-      for (int i = 0; i < 2; ++i) {
-        step();
-        amplab::synchronize(setup.device);
-      }
-      timeline.set_recording(false);
-      if (timeline_comm) timeline_comm->flush();
-      timeline.write_all_ranks(*setup.comm, world.is_main() && !trace_dir.empty() ? trace_dir + "/timeline_" + key + ".json" : "");
-    }
-    // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
-    // through their all-reduces instead of each starting a step when its own host wakes up.
-    setup.comm->barrier();
-    amplab::log::info("bench: " + setting.name + ": timing steps back to back");
-    monitor.start();
-    double back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
-    auto gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
-    auto back_to_back_phase_ms = phases.medians();  // the last window's steps
-    if (&setting == &settings.front()) {
-      alone_ms = s.median;
-      alone_back_to_back_ms = back_to_back;
-    }
-    double efficiency = alone_ms / s.median, efficiency_back_to_back = alone_back_to_back_ms / back_to_back;
-    double rate = static_cast<double>(b.batch * world.world_size) / (back_to_back / 1e3);
-    // What backward could not hide: the step's time beyond the same step without communication.
-    double exposed = s.median - alone_ms;
-    table.add_row({setting.name, amplab::fixed(s.median, 2), amplab::fixed(s.iqr, 2), amplab::fixed(100 * efficiency, 1) + "%",
-                   setting.alone ? "-" : amplab::fixed(exposed, 2), amplab::fixed(phase_ms[0], 2),
-                   amplab::fixed(phase_ms[1], 2), amplab::fixed(phase_ms[2], 2), amplab::fixed(back_to_back, 2),
-                   amplab::fixed(100 * efficiency_back_to_back, 1) + "%", amplab::fixed(rate, 0),
-                   per_rank(gpu, "sm_mhz", 1, " MHz")});
-    rows.push_back({{"setting", setting.name}, {"step_ms", s.median}, {"iqr_ms", s.iqr}, {"efficiency", efficiency},
-                    {"exposed_allreduce_ms", exposed}, {"forward_ms", phase_ms[0]}, {"backward_ms", phase_ms[1]},
-                    {"after_backward_ms", phase_ms[2]}, {"back_to_back_step_ms", back_to_back},
-                    {"back_to_back_efficiency", efficiency_back_to_back},
-                    {"back_to_back_forward_ms", back_to_back_phase_ms[0]},
-                    {"back_to_back_backward_ms", back_to_back_phase_ms[1]},
-                    {"back_to_back_after_backward_ms", back_to_back_phase_ms[2]},
-                    {"gpu_per_rank", gpu}, {"gpu_back_to_back_per_rank", gpu_back_to_back}});
-    back_to_back_phases.add_row({setting.name, amplab::fixed(back_to_back_phase_ms[0], 2), amplab::fixed(back_to_back_phase_ms[1], 2),
-                                 amplab::fixed(back_to_back_phase_ms[2], 2), amplab::fixed(back_to_back, 2),
-                                 per_rank(gpu_back_to_back, "sm_mhz", 1, " MHz"),
-                                 per_rank(gpu_back_to_back, "watts", 1, " W"),
-                                 per_rank(gpu_back_to_back, "power_capped_fraction", 100, "%")});
   }
-  if (world.is_main()) {
-    std::cout << "\nMLP " << b.layers << " x Linear(" << b.width << ", " << b.width << "), batch " << b.batch << " per rank, "
-              << amplab::to_string(b.precision) << ", " << world.world_size << " rank(s), " << setup.comm->backend() << "\n"
-              << table.to_string();
-    std::cout << "ms/step: median of " << b.steps << " steps, each timed alone (waiting for the GPU before the next); "
-                 "efficiency = time alone (the plain MLP) / time of the setting; exposed = the time DDP adds to a step; forward, backward and "
-                 "after backward (optimizer step + all-reduces still running): medians of each phase (ms); back-to-back: "
-                 << b.steps << " steps queued without waiting, as a training loop runs (median of 3 runs)\n\n"
-              << back_to_back_phases.to_string()
-              << "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
-                 "gap between steps. SM clock and power: each rank's GPU (rank 0/rank 1/...), medians of NVML samples every 10 ms "
-                 "while timing; "
-                 "power-capped: the share of samples in which the power cap held the clock down\n";
-    if (run.enabled()) {
-      table.write_csv(run.file("scaling.csv"));
-      run.write_summary({{"bench", rows}, {"world_size", world.world_size}, {"backend", setup.comm->backend()}});
-    }
+  timeline.set_recording(false);
+  if (timeline_comm) timeline_comm->flush();
+  timeline.write_all_ranks(*setup.comm, setup.world.is_main() && !trace_dir.empty() ? trace_dir + "/timeline_" + key + ".json" : "");
+}
+
+// Times the MLP's step under one setting: each step by itself, then back to back.
+BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, const ddp_lab::Setup& setup,
+                        amplab::GpuMonitor& monitor, const std::string& trace_dir, Timeline& timeline) {
+  const auto& b = config.bench;
+  torch::manual_seed(0);
+  auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
+  amplab::dist::DistConfig dist_config = config.dist;
+  dist_config.overlap = setting.overlap;
+  dist_config.step_each_bucket = setting.step_each_bucket;
+  if (setting.bf16_gradients) dist_config.compression = amplab::dist::Compression::bf16;
+  // With bench.trace, the sync talks through a communicator that puts its all-reduces on the timeline.
+  ddp_lab::Setup traced = setup;
+  std::shared_ptr<TimelineCommunicator> timeline_comm;
+  if (b.trace && !setting.alone) traced.comm = timeline_comm = std::make_shared<TimelineCommunicator>(setup.comm, timeline);
+  std::unique_ptr<ddp_lab::DataParallel> sync;
+  if (setting.alone) mlp->to(setup.device);
+  else sync = ddp_lab::make_gradient_sync(setting.sync, mlp.ptr(), traced, dist_config);
+  amplab::TrainConfig train;
+  train.precision = b.precision;
+  train.fast_path = true;  // fused SGD: what bucketed_fast steps bucket by bucket
+  train.optimizer.lr = 1e-4;
+  amplab::MemoryConfig memory;
+  memory.track = false;
+  // The sum of the outputs over the batch, accumulated in fp32 outside autocast: the cheapest
+  // loss that trains every layer (bench/ddp_reference.py times the same one in Python).
+  auto loss_fn = [&](const amplab::Batch& batch) {
+    torch::Tensor out = mlp->forward(batch.input);
+    amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
+    return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
+  };
+  amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory,
+                          amplab::make_fast_path_optimizer);
+  PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
+  trainer.set_gradient_sync(&phases);
+  amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
+  auto step = [&] {
+    phases.start_step();
+    trainer.step(batch);
+    phases.end_step();
+  };
+  setup.comm->barrier();
+  amplab::log::info("bench: " + setting.name + ": timing each step");
+  monitor.start();
+  for (int i = 0; i < b.warmup; ++i) step();
+  amplab::synchronize(setup.device);
+  std::vector<double> times;
+  amplab::DeviceTimer timer(setup.device);
+  for (int i = 0; i < b.steps; ++i) {
+    timer.start();
+    step();
+    times.push_back(timer.stop_ms());
   }
+  BenchTimes t;
+  t.gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
+  t.each = amplab::summarize(times);
+  t.phases = phases.medians();
+  if (b.trace) trace_setting(setting.name, step, setup, trace_dir, timeline, timeline_comm.get());
+  // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
+  // through their all-reduces instead of each starting a step when its own host wakes up.
+  setup.comm->barrier();
+  amplab::log::info("bench: " + setting.name + ": timing steps back to back");
+  monitor.start();
+  t.back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
+  t.gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
+  t.back_to_back_phases = phases.medians();  // the last window's steps
+  return t;
+}
+
+// Time per step of the MLP under each setting of bench_settings(). Scaling efficiency = time
+// alone (the plain MLP) / time of the setting; exposed communication = time of the setting - time
+// alone (what backward could not hide).
+int bench(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::RunDir& run, amplab::Results& results) {
+  const auto& b = config.bench;
+  const auto& world = setup.world;
+  amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing (all ranks' shown)
+  // bench.trace: every rank writes its trace into rank 0's run directory, where that directory
+  // is on this machine too.
+  std::string trace_dir = b.trace ? setup.comm->all_gather_bytes(run.enabled() ? run.path() : "")[0] : "";
+  if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
+  Timeline timeline;
+  const std::vector<BenchSetting> settings = bench_settings(config);
+  std::vector<BenchTimes> times;
+  for (const BenchSetting& setting : settings) times.push_back(time_setting(setting, config, setup, monitor, trace_dir, timeline));
+  // Every rank's GPU readings while timing each setting, where the tables show their medians.
+  nlohmann::json readings = nlohmann::json::array();
+  const auto ms2 = amplab::decimals(2);
+  auto& table = results.table(
+      "bench", {{"setting", "setting"}, {"step_ms", "ms/step", ms2}, {"iqr_ms", "IQR", ms2},
+                {"efficiency", "efficiency", amplab::percent_of_one(1)}, {"exposed_allreduce_ms", "exposed (ms)", ms2},
+                {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2}, {"after_backward_ms", "after backward", ms2},
+                {"back_to_back_step_ms", "back-to-back ms/step", ms2},
+                {"back_to_back_efficiency", "efficiency", amplab::percent_of_one(1)},
+                {"samples_per_s", "samples/s (all ranks)", amplab::decimals(0)}, {"sm_clock", "SM clock"}});
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const BenchTimes& t = times[i];
+    const double alone = times[0].each.median, exposed = t.each.median - alone;
+    table.add({settings[i].name, t.each.median, t.each.iqr, alone / t.each.median,
+               settings[i].alone ? nlohmann::json() : nlohmann::json(exposed), t.phases[0], t.phases[1], t.phases[2],
+               t.back_to_back, times[0].back_to_back / t.back_to_back,
+               static_cast<double>(b.batch * world.world_size) / (t.back_to_back / 1e3), per_rank(t.gpu, "sm_mhz", 1, " MHz")});
+    readings.push_back({{"setting", settings[i].name}, {"each", t.gpu}, {"back_to_back", t.gpu_back_to_back}});
+  }
+  auto& back_to_back = results.table(
+      "back_to_back", {{"setting", "setting (back to back)"}, {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2},
+                       {"after_backward_ms", "after backward", ms2}, {"step_ms", "ms/step", ms2}, {"sm_clock", "SM clock"},
+                       {"power", "power"}, {"power_capped", "power-capped"}});
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const BenchTimes& t = times[i];
+    back_to_back.add({settings[i].name, t.back_to_back_phases[0], t.back_to_back_phases[1], t.back_to_back_phases[2],
+                      t.back_to_back, per_rank(t.gpu_back_to_back, "sm_mhz", 1, " MHz"),
+                      per_rank(t.gpu_back_to_back, "watts", 1, " W"), per_rank(t.gpu_back_to_back, "power_capped_fraction", 100, "%")});
+  }
+  results.set("gpu_per_rank", readings);
+  results.set("world_size", world.world_size);
+  results.set("backend", setup.comm->backend());
+  if (!world.is_main()) return amplab::kExitOk;
+  results.print("bench",
+                "MLP " + std::to_string(b.layers) + " x Linear(" + std::to_string(b.width) + ", " + std::to_string(b.width) +
+                    "), batch " + std::to_string(b.batch) + " per rank, " + amplab::to_string(b.precision) + ", " +
+                    std::to_string(world.world_size) + " rank(s), " + setup.comm->backend(),
+                "ms/step: median of " + std::to_string(b.steps) +
+                    " steps, each timed alone (waiting for the GPU before the next); efficiency = time alone (the plain "
+                    "MLP) / time of the setting; exposed = the time DDP adds to a step; forward, backward and after "
+                    "backward (optimizer step + all-reduces still running): medians of each phase (ms); back-to-back: " +
+                    std::to_string(b.steps) + " steps queued without waiting, as a training loop runs (median of 3 runs)\n");
+  results.print("back_to_back", "The phases of the last back-to-back run's steps",
+                "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
+                "gap between steps. SM clock and power: each rank's GPU (rank 0/rank 1/...), medians of NVML samples "
+                "every 10 ms while timing; power-capped: the share of samples in which the power cap held the clock down\n");
   return amplab::kExitOk;
 }
 
@@ -646,10 +674,13 @@ int main(int argc, char** argv) {
     amplab::apply_run_settings(config.run);
     amplab::InterruptHandler interrupts;
     amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
-    int code = config.bench.enabled ? bench(config, setup, run) : train(config, setup, run, yaml, cli);
+    amplab::Results results;
+    const int code = config.bench.enabled ? bench(config, setup, run, results) : train(config, setup, run, yaml, cli, results);
+    results.write(run);  // rank 0's run directory only
     if (config.bench.enabled && run.enabled()) {
+      std::cout << std::flush;  // before the plot script writes to the same stream
       amplab::make_plots("ddp", run);
-      amplab::write_report(run);  // the README's questions with this run's table and plot
+      amplab::write_report(run);  // the README's questions with this run's tables and plot
     }
     setup.comm->shutdown();
     return code;
