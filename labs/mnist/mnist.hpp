@@ -1,6 +1,7 @@
-// Lab 4, MNIST end to end: the functions you implement (starter/mnist/mnist.cpp). The lab binary
-// (apps/mnist) trains the same network on the CPU, on the GPU in fp32 and with mixed precision,
-// and compares them; tests/labs/mnist_test.cpp grades your functions.
+// Lab 4, MNIST end to end: the functions you implement (starter/mnist/mnist.cpp, and the
+// prefetching loader of prefetch.hpp in starter/mnist/prefetch.cpp). The lab binary (apps/mnist)
+// trains the same network on the CPU, on the GPU in fp32 and with mixed precision, and compares
+// them; tests/labs/mnist_test.cpp grades your functions.
 #pragma once
 
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include "amplab/models/models.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
+#include "prefetch.hpp"
 
 namespace mnist {
 

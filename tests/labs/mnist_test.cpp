@@ -172,6 +172,107 @@ TEST(Mnist5_Benchmark, SpeedupAgainstTheCpu) {
   EXPECT_DOUBLE_EQ(results[2].speedup_vs_cpu, 32.0);
 }
 
+// TODO(mnist-6)
+// Host data for the loader: `rows` samples of `width` floats and their labels.
+amplab::Batch host_samples(int64_t rows, int64_t width) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(17);
+  return {torch::randn({rows, 1, width}, generator, torch::kFloat32), torch::randint(0, 10, {rows}, generator, torch::kInt64)};
+}
+
+// Batch `index` of `actual` against `expected`'s: the same rows, in the same order, on `device`.
+void expect_same_batch(amplab::BatchSource& actual, amplab::BatchSource& expected, int64_t index, torch::Device device,
+                       const std::string& where) {
+  SCOPED_TRACE(where + ", batch " + std::to_string(index));
+  EXPECT_EQ(actual.batch_rows(index), expected.batch_rows(index));
+  amplab::Batch got = actual.batch(index);
+  amplab::Batch want = expected.batch(index);
+  EXPECT_EQ(got.input.device(), device);
+  EXPECT_EQ(got.target.device(), device);
+  EXPECT_TRUE(test::tensors_equal(got.input.cpu(), want.input.cpu()));
+  EXPECT_TRUE(test::tensors_equal(got.target.cpu(), want.target.cpu()));
+}
+
+TEST(Mnist6_Prefetch, SameBatchesAsTensorBatchesEveryEpoch) {
+  auto data = host_samples(23, 16);
+  auto negate = [](const torch::Tensor& t) { return t.neg(); };
+  for (bool drop_last : {false, true}) {
+    amplab::EpochSampler sampler(23, 5, /*seed=*/7, /*shuffle=*/true, drop_last);
+    amplab::TensorBatches expected(data.input, data.target, sampler, torch::kCPU, negate);
+    mnist::PrefetchingBatches actual(data.input, data.target, sampler, torch::kCPU, negate);
+    ASSERT_EQ(actual.batches_per_epoch(), drop_last ? 4 : 5);
+    EXPECT_EQ(actual.dataset_size(), 23);
+    for (int64_t epoch : {0, 1, 2, 1}) {  // back to an earlier epoch: its order again
+      expected.set_epoch(epoch);
+      actual.set_epoch(epoch);
+      for (int64_t i = 0; i < expected.batches_per_epoch(); ++i)
+        expect_same_batch(actual, expected, i, torch::kCPU,
+                          "drop_last " + std::to_string(drop_last) + ", epoch " + std::to_string(epoch));
+      if (!drop_last) {
+        EXPECT_EQ(actual.batch_rows(4), 3);  // the last batch is partial
+      }
+    }
+  }
+}
+
+TEST(Mnist6_Prefetch, AnyIndexInAnyOrder) {
+  auto data = host_samples(23, 16);
+  amplab::EpochSampler sampler(23, 5, /*seed=*/3, /*shuffle=*/true, /*drop_last=*/false);
+  amplab::TensorBatches expected(data.input, data.target, sampler, torch::kCPU);
+  mnist::PrefetchingBatches actual(data.input, data.target, sampler, torch::kCPU);
+  expected.set_epoch(1);
+  actual.set_epoch(1);
+  for (int64_t i : {3, 0, 4, 4, 1, 2}) expect_same_batch(actual, expected, i, torch::kCPU, "epoch 1, out of order");
+}
+
+// On the GPU, with batches large enough (16 MiB) that a copy takes a while. The consumer queues a
+// long computation after receiving each batch and reads the batch only after it, as a training
+// step does: a batch whose memory went to the next copy before that read comes back wrong. After
+// a set_epoch it asks for the last batch first, never prefetched, and reads it at once: a read
+// that does not wait for the copy comes back wrong.
+TEST(Mnist6_Prefetch, WholeBatchesWhileTheGpuComputes_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  const torch::Device gpu(torch::kCUDA, 0);
+  const int64_t batch_size = 1024, rows = 5 * batch_size + 300;
+  auto data = host_samples(rows, 4096);
+  auto negate = [](const torch::Tensor& t) { return t.neg(); };
+  amplab::EpochSampler sampler(rows, batch_size, /*seed=*/5, /*shuffle=*/true, /*drop_last=*/false);
+  amplab::TensorBatches expected(data.input, data.target, sampler, torch::kCPU, negate);
+  mnist::PrefetchingBatches actual(data.input, data.target, sampler, gpu, negate);
+  ASSERT_EQ(actual.batches_per_epoch(), 6);
+  const torch::Tensor weights = torch::randn({2048, 2048}, torch::dtype(torch::kFloat32).device(gpu));
+  auto long_kernel = [&] {
+    for (int k = 0; k < 30; ++k) (void)torch::mm(weights, weights);
+  };
+  for (int64_t epoch : {0, 1, 2}) {
+    expected.set_epoch(epoch);
+    actual.set_epoch(epoch);
+    std::vector<amplab::Batch> read;
+    for (int64_t i = 0; i < actual.batches_per_epoch(); ++i) {
+      amplab::Batch batch = actual.batch(i);
+      EXPECT_EQ(batch.input.device(), gpu);
+      long_kernel();
+      read.push_back({batch.input.clone(), batch.target.clone()});
+    }
+    for (int64_t i = 0; i < actual.batches_per_epoch(); ++i) {
+      SCOPED_TRACE("epoch " + std::to_string(epoch) + ", batch " + std::to_string(i) + " read after a long kernel");
+      amplab::Batch want = expected.batch(i);
+      EXPECT_TRUE(test::tensors_equal(read[i].input.cpu(), want.input));
+      EXPECT_TRUE(test::tensors_equal(read[i].target.cpu(), want.target));
+    }
+  }
+  expected.set_epoch(3);
+  actual.set_epoch(3);
+  for (int64_t i : {5, 0, 1, 2, 3, 4, 5}) {
+    amplab::Batch batch = actual.batch(i);
+    amplab::Batch now{batch.input.clone(), batch.target.clone()};
+    SCOPED_TRACE("epoch 3, batch " + std::to_string(i) + " read at once");
+    amplab::Batch want = expected.batch(i);
+    EXPECT_EQ(now.input.size(0), i == 5 ? 300 : batch_size);
+    EXPECT_TRUE(test::tensors_equal(now.input.cpu(), want.input));
+    EXPECT_TRUE(test::tensors_equal(now.target.cpu(), want.target));
+  }
+}
+
 // It learns: real Fashion-MNIST (Debian's package, which scripts/setup.sh installs), a subset,
 // three epochs on the CPU through the core's loop. Floor: 0.70 test accuracy (a correct solution
 // reaches about 0.80 here; chance is 0.10).
