@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
       options.config_yaml = config_yaml;
       options.data_seed = static_cast<uint64_t>(config.run.seed);
       options.run_dir = &run;
+      options.trace = config.run.trace;
       options.checkpoint = config.checkpoint;
       options.checkpoint_dir = checkpoint_dir;
       options.resume = resuming ? resume_path : "";

@@ -29,6 +29,7 @@ struct RunConfig {
   bool cudnn_benchmark = false;         // let cuDNN time its algorithms for each new shape, keep the fastest
   bool gpu_monitor = true;
   bool memory_snapshot = false;
+  bool trace = false;
 
   template <class V>
   void fields(V& v) {
@@ -42,6 +43,8 @@ struct RunConfig {
             "on a GPU: sample its utilization, memory, power, clock and temperature 20 times a second into gpu_monitor.csv");
     v.field("memory_snapshot", memory_snapshot,
             "on a GPU: record every allocation and free into memory_snapshot.pickle (open it at pytorch.org/memory_viz)");
+    v.field("trace", trace,
+            "write a profiler trace of 5 training steps after 10 (trace-<what>.json; open it in ui.perfetto.dev)");
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
+#include "amplab/measure/trace.hpp"
 #include "amplab/report/progress.hpp"
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/guards.hpp"
@@ -28,6 +29,8 @@ struct Run {
   DivergenceGuard divergence;
   int64_t global_batch;  // samples per micro-batch, all ranks together
   int64_t run_steps;     // optimizer steps of the whole run: the schedule's length
+  StepTrace& trace;      // run.trace's window of steps
+  int64_t steps_taken = 0;  // optimizer steps taken by this call of fit (the trace counts them)
 };
 
 // Sets the data's order for `epoch`; returns its micro-batches.
@@ -94,9 +97,15 @@ EpochSums Epoch::sums_now() const {
 }
 
 StepResult Epoch::step(int64_t group) {
-  if (run_.options.run_step) return run_.options.run_step(run_.data, next_, group);
-  return run_.trainer.step(MicroBatches{group, [this](int64_t i) { return run_.data.batch_rows(next_ + i); },
-                                        [this](int64_t i) { return run_.data.batch(next_ + i); }});
+  const int64_t index = run_.steps_taken++;
+  run_.trace.before_step(index);
+  StepResult result =
+      run_.options.run_step
+          ? run_.options.run_step(run_.data, next_, group)
+          : run_.trainer.step(MicroBatches{group, [this](int64_t i) { return run_.data.batch_rows(next_ + i); },
+                                           [this](int64_t i) { return run_.data.batch(next_ + i); }});
+  run_.trace.after_step(index);
+  return result;
 }
 
 std::optional<FitResult> Epoch::train() {
@@ -226,6 +235,12 @@ std::optional<FitResult> Epoch::finish() {
   return stopped(FitStatus::interrupted, interrupt.exit_code, checkpointer.interrupted_message(epoch_, step, saved, last_epoch), at);
 }
 
+// Where run.trace writes ("" for no trace): the rank that writes files, into its run directory.
+std::string trace_path(const FitOptions& options) {
+  if (!options.trace || !options.dist.is_main || !options.run_dir || !options.run_dir->enabled()) return "";
+  return options.run_dir->file("trace-" + file_name_safe(options.tag.empty() ? "train" : options.tag) + ".json");
+}
+
 // Optimizer steps of the whole run (every epoch has the same batches): the schedule's length.
 int64_t run_length(const TrainConfig& config, BatchSource& data) {
   const int64_t per_epoch = (data.batches_per_epoch() + config.accumulation_steps - 1) / config.accumulation_steps;
@@ -259,8 +274,10 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
   }
 
   EpochLog log(options.tag, options.run_dir, options.dist.is_main);
+  const int64_t steps = run_length(config, data);
+  StepTrace trace(trace_path(options), std::min<int64_t>(10, steps / 2), 5, trainer.device());
   Run run{trainer, data, options, config, checkpointer, log, result, DivergenceGuard{config.divergence_patience},
-          global_batch, run_length(config, data)};
+          global_batch, steps, trace};
   // A rank that died ends the run on the others with the last good checkpoint named.
   try {
     for (int64_t index = position.epoch; index < config.epochs; ++index) {
