@@ -42,16 +42,11 @@ inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overla
                                                         "bucketed_fast", "bucketed_no_overlap", "bucketed_bf16", "pieces"};
 
 struct DdpBenchConfig {
-  bool enabled = false;                           // time the MLP benchmark instead of training
-  int64_t width = 8192;                           // the MLP of the AMP lab: layers x Linear(width, width)
-  int64_t layers = 4;
-  int64_t batch = 8192;                           // per rank
+  bool enabled = false, trace = false;
+  int64_t width = 8192, layers = 4, batch = 8192, first_layer_pieces = 4;  // the AMP lab's MLP
   amplab::Precision precision = amplab::Precision::bf16_mixed;
-  int warmup = 5;                                 // untimed steps
-  int steps = 20;                                 // timed steps per setting
-  bool trace = false;                             // also write traces of a few steps per setting
-  int64_t first_layer_pieces = 4;                 // the "pieces" settings: the first layer in this many pieces
-  std::vector<std::string> settings = kBenchSettings;  // which rows to time (the plain MLP alone always)
+  int warmup = 5, steps = 20;
+  std::vector<std::string> settings = kBenchSettings;
 
   template <class V>
   void fields(V& v) {
@@ -602,36 +597,32 @@ int bench(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::Ru
   if (!trace_dir.empty() && !std::filesystem::is_directory(trace_dir)) trace_dir.clear();
   Timeline timeline;
   const std::vector<BenchSetting> settings = bench_settings(config);
-  std::vector<BenchTimes> times;
-  for (const BenchSetting& setting : settings) times.push_back(time_setting(setting, config, setup, monitor, trace_dir, timeline));
-  // Every rank's GPU readings while timing each setting, where the tables show their medians.
-  nlohmann::json readings = nlohmann::json::array();
   const auto ms2 = amplab::decimals(2);
-  auto& table = results.table(
-      "bench", {{"setting", "setting"}, {"step_ms", "ms/step", ms2}, {"iqr_ms", "IQR", ms2},
-                {"efficiency", "efficiency", amplab::percent_of_one(1)}, {"exposed_allreduce_ms", "exposed (ms)", ms2},
-                {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2}, {"after_backward_ms", "after backward", ms2},
-                {"back_to_back_step_ms", "back-to-back ms/step", ms2},
-                {"back_to_back_efficiency", "efficiency", amplab::percent_of_one(1)},
-                {"samples_per_s", "samples/s (all ranks)", amplab::decimals(0)}, {"sm_clock", "SM clock"}});
-  for (size_t i = 0; i < settings.size(); ++i) {
-    const BenchTimes& t = times[i];
-    const double alone = times[0].each.median, exposed = t.each.median - alone;
-    table.add({settings[i].name, t.each.median, t.each.iqr, alone / t.each.median,
-               settings[i].alone ? nlohmann::json() : nlohmann::json(exposed), t.phases[0], t.phases[1], t.phases[2],
-               t.back_to_back, times[0].back_to_back / t.back_to_back,
-               static_cast<double>(b.batch * world.world_size) / (t.back_to_back / 1e3), per_rank(t.gpu, "sm_mhz", 1, " MHz")});
-    readings.push_back({{"setting", settings[i].name}, {"each", t.gpu}, {"back_to_back", t.gpu_back_to_back}});
-  }
-  auto& back_to_back = results.table(
-      "back_to_back", {{"setting", "setting (back to back)"}, {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2},
-                       {"after_backward_ms", "after backward", ms2}, {"step_ms", "ms/step", ms2}, {"sm_clock", "SM clock"},
-                       {"power", "power"}, {"power_capped", "power-capped"}});
-  for (size_t i = 0; i < settings.size(); ++i) {
-    const BenchTimes& t = times[i];
-    back_to_back.add({settings[i].name, t.back_to_back_phases[0], t.back_to_back_phases[1], t.back_to_back_phases[2],
-                      t.back_to_back, per_rank(t.gpu_back_to_back, "sm_mhz", 1, " MHz"),
-                      per_rank(t.gpu_back_to_back, "watts", 1, " W"), per_rank(t.gpu_back_to_back, "power_capped_fraction", 100, "%")});
+  results.table("bench", {{"setting", "setting"}, {"step_ms", "ms/step", ms2}, {"iqr_ms", "IQR", ms2},
+                          {"efficiency", "efficiency", amplab::percent_of_one(1)}, {"exposed_allreduce_ms", "exposed (ms)", ms2},
+                          {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2}, {"after_backward_ms", "after backward", ms2},
+                          {"back_to_back_step_ms", "back-to-back ms/step", ms2},
+                          {"back_to_back_efficiency", "efficiency", amplab::percent_of_one(1)},
+                          {"samples_per_s", "samples/s (all ranks)", amplab::decimals(0)}, {"sm_clock", "SM clock"}});
+  results.table("back_to_back", {{"setting", "setting (back to back)"}, {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2},
+                                 {"after_backward_ms", "after backward", ms2}, {"step_ms", "ms/step", ms2},
+                                 {"sm_clock", "SM clock"}, {"power", "power"}, {"power_capped", "power-capped"}});
+  nlohmann::json readings = nlohmann::json::array();  // every rank's GPU while timing, where the tables show medians
+  BenchTimes alone;                                   // the first setting's: the plain MLP alone
+  for (const BenchSetting& setting : settings) {
+    const BenchTimes t = time_setting(setting, config, setup, monitor, trace_dir, timeline);
+    if (&setting == &settings.front()) alone = t;
+    const auto& p = t.phases;
+    const auto& q = t.back_to_back_phases;
+    const auto& g = t.gpu_back_to_back;
+    results.table("bench").add(
+        {setting.name, t.each.median, t.each.iqr, alone.each.median / t.each.median,
+         setting.alone ? nlohmann::json() : nlohmann::json(t.each.median - alone.each.median), p[0], p[1], p[2],
+         t.back_to_back, alone.back_to_back / t.back_to_back,
+         static_cast<double>(b.batch * world.world_size) / (t.back_to_back / 1e3), per_rank(t.gpu, "sm_mhz", 1, " MHz")});
+    results.table("back_to_back").add({setting.name, q[0], q[1], q[2], t.back_to_back, per_rank(g, "sm_mhz", 1, " MHz"),
+                                       per_rank(g, "watts", 1, " W"), per_rank(g, "power_capped_fraction", 100, "%")});
+    readings.push_back({{"setting", setting.name}, {"each", t.gpu}, {"back_to_back", g}});
   }
   results.set("gpu_per_rank", readings);
   results.set("world_size", world.world_size);
