@@ -2,7 +2,8 @@
 // cut it, on a deep residual MLP whose activations dominate (labs/memory_optimization/README.md):
 // 1. memory and throughput per batch size, per precision, with and without checkpointing, under a
 // memory cap; 2. your batch-size finder; 3. gradient accumulation beyond the largest batch, against
-// the big batch itself; 4. activation checkpointing: memory saved, time paid; 5. one step's timeline.
+// the big batch itself; 4. activation checkpointing: memory saved, time paid; 5. one step's timeline;
+// 6. a leak hunt: memory after each step with a leaky loss history and with yours.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -115,6 +116,17 @@ struct TimelineSection {
     v.field("precision", precision, "precision of both timelines");
   }
 };
+struct LeakSection {
+  bool enabled = true;
+  int64_t steps = 50, batch = 64, held_out = 64, log_every = 10;
+  template <class V> void fields(V& v) {
+    v.field("enabled", enabled, "the leak hunt: memory after each step with a leaky loss history and with yours");
+    v.field("steps", steps, "training steps of each run", Range<int64_t>::between(2, 100000));
+    v.field("batch", batch, "training batch size", Range<int64_t>::at_least(1));
+    v.field("held_out", held_out, "samples of the held-out batch whose loss is recorded every step", Range<int64_t>::at_least(1));
+    v.field("log_every", log_every, "steps between log points (LossHistory::flush)", Range<int64_t>::at_least(1));
+  }
+};
 struct MemLabConfig {
   double cap_mib = 4096;
   bool plots = true;
@@ -125,6 +137,7 @@ struct MemLabConfig {
   AccumulationSection accumulation;
   CheckpointSection checkpointing;
   TimelineSection timeline;
+  LeakSection leak;
   template <class V> void fields(V& v) {
     v.field("cap_mib", cap_mib, "memory limit (MiB) of the sweep, finder and accumulation: on a GPU the caching "
             "allocator's cap (0: none), on the CPU a simulated limit on estimate_memory()", Range<double>::at_least(0));
@@ -136,6 +149,7 @@ struct MemLabConfig {
     v.section("accumulation", accumulation);
     v.section("checkpointing", checkpointing);
     v.section("timeline", timeline);
+    v.section("leak", leak);
   }
 };
 // What the training step needs from the trainer config (precision is set per row).
@@ -686,6 +700,79 @@ void timeline(Harness& h, amplab::Results& results) {
       "a time. memory_timeline.csv / memory_timeline.png\n");
 }
 
+// ---- 6. A leak hunt ----------------------------------------------------------------------------------
+
+struct LeakRun {
+  std::vector<double> allocated_mib;  // after each step
+  std::string leak_report;            // the MemoryTracker's verdict ("": no steady growth)
+  double bytes_per_step = 0;          // growth from the first log point to the last step, per step
+};
+
+// The leak hunt's loop from the initial parameters, each step's held-out loss going to `record` and
+// `log_point` run every log_every steps; allocated memory after each step, and the tracker's report.
+LeakRun run_leak_loop(Harness& h, const mo::RecordLoss& record, const std::function<void()>& log_point) {
+  const auto& c = h.mem.leak;
+  h.reset(0);
+  LeakRun run;
+  {
+    torch::optim::SGD sgd(h.model->parameters(), torch::optim::SGDOptions(0.01));
+    torch::manual_seed(static_cast<uint64_t>(h.config.run.seed) + 2000);  // the same data in both runs
+    amplab::Batch held_out = mo::make_batch(c.held_out, h.teacher, h.device);
+    amplab::MemoryConfig memory;
+    memory.timeline = false;
+    memory.leak_window = c.steps;
+    amplab::MemoryTracker tracker(h.device, memory);
+    mo::train_with_history(h.model, sgd, h.teacher, held_out, c.batch, c.steps, record, [&](int64_t step) {
+      if ((step + 1) % c.log_every == 0) log_point();
+      run.allocated_mib.push_back(mib(amplab::read_memory(h.device).allocated));
+    }, &tracker);
+    run.leak_report = tracker.leak_report();
+  }
+  const size_t first = static_cast<size_t>(std::min(c.log_every, c.steps)) - 1;
+  if (run.allocated_mib.size() > first + 1)
+    run.bytes_per_step = (run.allocated_mib.back() - run.allocated_mib[first]) * (1 << 20) /
+                         static_cast<double>(run.allocated_mib.size() - 1 - first);
+  return run;
+}
+
+void leak_hunt(Harness& h, amplab::Results& results) {
+  const auto& c = h.mem.leak;
+  std::vector<torch::Tensor> kept;  // the leaky recording: every loss as it came, graph and all
+  LeakRun leaky = run_leak_loop(h, [&kept](const torch::Tensor& loss) { kept.push_back(loss); }, [] {});
+  kept.clear();
+  h.release();
+  mo::LossHistory history;
+  LeakRun yours = run_leak_loop(h, [&history](const torch::Tensor& loss) { history.record(loss); },
+                                [&history] { history.flush(); });
+  history.flush();
+  h.release();
+  auto& steps = results.table("leak_hunt_steps", {{"step", ""}, {"recording", ""}, {"allocated_mib", ""}, {"source", ""}});
+  for (const auto& [name, run] : {std::pair{"leaky", &leaky}, std::pair{"yours", &yours}})
+    for (size_t s = 0; s < run->allocated_mib.size(); ++s) steps.add({s + 1, name, run->allocated_mib[s], h.memory_source});
+  // What one held-out forward keeps for backward, by your estimate (activations per sample x samples).
+  const double forward_kib = static_cast<double>(h.estimate(Precision::fp32, 0).per_sample * c.held_out) / 1024;
+  const std::string first = "allocated_mib_after_step_" + std::to_string(std::min(c.log_every, c.steps));
+  auto& table = results.table("leak_hunt", {{"recording", "recording"}, {first, "MiB after step " +
+      std::to_string(std::min(c.log_every, c.steps)), amplab::decimals(1)},
+      {"allocated_mib_at_end", "MiB after step " + std::to_string(c.steps), amplab::decimals(1)},
+      {"kib_per_step", "KiB/step", amplab::decimals(1)}, {"estimated_forward_kib", "one forward, est. KiB", integer},
+      {"leak_report", ""}});
+  table.add({"loss kept as it came (leaky)", leaky.allocated_mib[std::min(c.log_every, c.steps) - 1],
+             leaky.allocated_mib.back(), leaky.bytes_per_step / 1024, forward_kib, leaky.leak_report});
+  table.add({"your LossHistory", yours.allocated_mib[std::min(c.log_every, c.steps) - 1], yours.allocated_mib.back(),
+             yours.bytes_per_step / 1024, forward_kib, yours.leak_report});
+  results.set("leak_hunt_memory", {{"bytes_per_step_leaky", leaky.bytes_per_step}, {"bytes_per_step_yours", yours.bytes_per_step},
+                            {"estimated_forward_bytes", forward_kib * 1024}, {"held_out_losses", history.values.size()},
+                            {"held_out_loss_mean", history.mean()}});
+  results.print("leak_hunt", "6. A leak hunt (" + std::to_string(c.steps) + " steps, the held-out loss of " +
+      std::to_string(c.held_out) + " samples recorded each step, computed in grad mode)",
+      "MemoryTracker, leaky recording: " + (leaky.leak_report.empty() ? "no steady growth reported" : leaky.leak_report) +
+      "\nMemoryTracker, your LossHistory: " + (yours.leak_report.empty() ? "no steady growth reported" : yours.leak_report) +
+      "\n" + (h.cpu ? "(CPU: allocated is the process RSS, which rarely shrinks; a GPU run gives exact bytes, and with "
+      "--set run.memory_snapshot=true\n the allocator's history in memory_snapshot.pickle)\n" : "") +
+      "leak_hunt_steps.csv: allocated memory after every step of both runs\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -706,6 +793,7 @@ int main(int argc, char** argv) {
         h.set_cap(0);  // sections 4 and 5 compare settings at one batch, on the whole GPU
         if (mem.checkpointing.enabled) checkpointing(h, lab.results);
         if (mem.timeline.enabled) timeline(h, lab.results);
+        if (mem.leak.enabled) leak_hunt(h, lab.results);
         if (mem.plots) lab.plot_kind = "memory";
         return amplab::kExitOk;
       });
