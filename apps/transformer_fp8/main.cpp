@@ -241,10 +241,12 @@ Setting setting_of(Lab& lab, const tf8::CharData& data) {
     std::cout << "(CPU run: the config's cpu: sizes; skipped here: tf32, fp16, the fp8 row and the FP8 MLP and matmul"
                  " tables, which need an NVIDIA GPU.)\n";
   std::cout << std::flush;  // before the training logs (stderr)
+  amplab::log::info(amplab::describe_fast_path(lab.config.train.fast_path, lab.config.train.optimizer));
   lab.results.set("device", amplab::describe(lab.device));
   lab.results.set("parameters", params);
   lab.results.set("tokens_per_step", tokens);
   lab.results.set("steps", study.steps);
+  lab.results.set("fast_path", lab.config.train.fast_path);
   return Setting{&data, o, g.batch, study.steps, study.eval_every, study.eval_iters, std::min(study.warmup, study.steps - 1),
                  lab.device, static_cast<uint64_t>(lab.config.run.seed), lab.config.train};
 }
@@ -395,7 +397,11 @@ int main(int argc, char** argv) {
   const amplab::LabInfo info{.name = "transformer_fp8",
                              .title = "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
                              .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer"};
-  return amplab::lab_main<LabConfig>(argc, argv, info, [](Lab& lab) {
+  auto text_is_there = [](const LabConfig& config, const amplab::ConfigSource&) -> std::optional<int> {
+    tf8::CharData::load(config.data.dir);  // before the run directory: a missing text is one line
+    return std::nullopt;
+  };
+  return amplab::lab_main<LabConfig>(argc, argv, info, text_is_there, [](Lab& lab) {
     const tf8::CharData data = tf8::CharData::load(lab.config.data.dir);
     const Setting s = setting_of(lab, data);
     const std::vector<RunResult> rows = precision_study(lab, s);
