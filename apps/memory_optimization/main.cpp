@@ -118,7 +118,7 @@ struct TimelineSection {
 };
 struct LeakSection {
   bool enabled = true;
-  int64_t steps = 50, batch = 64, held_out = 64, log_every = 10;
+  int64_t steps = 50, batch = 64, held_out = 256, log_every = 10;
   template <class V> void fields(V& v) {
     v.field("enabled", enabled, "the leak hunt: memory after each step with a leaky loss history and with yours");
     v.field("steps", steps, "training steps of each run", Range<int64_t>::between(2, 100000));
