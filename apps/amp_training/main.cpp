@@ -283,6 +283,7 @@ TensorCorePeak tensor_core_peak(torch::Device device) {
 // the tensor cores' peak where the architecture is known (no row can exceed it), else by that.
 double settle_peak(AmpLab& lab, double cold) {
   const int decimals = lab.on_cpu() ? 3 : 1;
+  lab.phase("peak");
   const double after = matmul_peak_tflops(lab, /*first=*/false), matmul = std::max(cold, after);
   std::cout << "bf16 " << lab.config.amp.bench.peak_n << "^3 matmul after the runs: " << amplab::fixed(after, decimals)
             << " TFLOP/s; the best of the two is the peak\n";
@@ -370,9 +371,11 @@ std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::str
     amplab::log::info(model_name + ": " + w.shape);
     for (const auto& name : amp.precisions) {
       Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
+      lab.phase(model_name + " " + name);
       rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab));
-      if (precision == Precision::fp16_mixed && amp.scaler_cost && rows.back().ran())
-        rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab));
+      if (precision != Precision::fp16_mixed || !amp.scaler_cost || !rows.back().ran()) continue;
+      lab.phase(model_name + " " + name + " (no scaler)");
+      rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab));
     }
   }
   lab.results.set("models", models);
@@ -442,6 +445,7 @@ void record_scaler_cost(AmpLab& lab, const std::vector<PrecisionResult>& rows) {
 void record_underflow(AmpLab& lab, uint64_t seed) {
   const auto& c = lab.config.amp.underflow;
   const double scale = lab.config.train.grad_scaler.init_scale;
+  lab.phase("underflow");
   auto percent = amplab::percent_of_one(2);
   auto& table = lab.results.table(
       "underflow", {{"loss_exponent", "loss x", [](const json& v) { return "1e" + std::to_string(v.get<int64_t>()); }},
@@ -480,6 +484,7 @@ void record_underflow(AmpLab& lab, uint64_t seed) {
 void record_overflow_trace(AmpLab& lab, uint64_t seed) {
   const auto& c = lab.config.amp.overflow;
   const Precision precision = lab.on_cpu() ? Precision::fp32 : Precision::fp16_mixed;
+  lab.phase("overflow trace");
   auto& table = lab.results.table(
       "overflow_trace", {{"step", "step", amplab::decimals(0)}, {"overflow", "overflow injected"},
                          {"scale_before", "scale before", amplab::decimals(0)},
@@ -539,6 +544,7 @@ int main(int argc, char** argv) {
       std::cout << "(CPU run: the sizes of the config's cpu: section; fp16-mixed and tf32 need an NVIDIA GPU and are "
                    "skipped here.\n The numbers that matter come from a GPU: run this on a GPU machine.)\n";
     // 1. The ceiling: a bf16 matmul as large as the MLP's.
+    lab.phase("peak");
     const double cold_peak = matmul_peak_tflops(lab, /*first=*/true);
     std::cout << "\n== Measured peak ==\nbf16 " << amp.bench.peak_n << "^3 matmul: "
               << amplab::fixed(cold_peak, lab.on_cpu() ? 3 : 1) << " TFLOP/s\n" << std::flush;

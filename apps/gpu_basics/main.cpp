@@ -73,6 +73,7 @@ void show_placement(const GpuLab& lab) {
 void time_matmul(GpuLab& lab) {
   const auto& bench = lab.config.bench;
   const int64_t n = lab.on_cpu() ? 512 : 4096;
+  lab.phase("timing");
   auto a = torch::randn({n, n}, lab.device);
   auto work = [&] { torch::mm(a, a); };
   auto right = gpu_basics::time_on_device(work, lab.device, bench.warmup, bench.repeats);
@@ -90,6 +91,7 @@ void time_matmul(GpuLab& lab) {
 
 void measure_bandwidth(GpuLab& lab) {
   const auto& bench = lab.config.bench;
+  lab.phase("bandwidth");
   auto& table = lab.results.table("bandwidth", {{"copy", "copy"}, {"gb_s", "GB/s", decimals(1)}});
   auto copy = [&](const char* what, const torch::Tensor& from, torch::Device to) {
     table.add({what, gpu_basics::copy_bandwidth_gbs(from, to, bench.warmup, bench.repeats)});
@@ -109,6 +111,7 @@ void measure_bandwidth(GpuLab& lab) {
 // Matmul throughput against size: where does the GPU start to win?
 void sweep_matmul(GpuLab& lab) {
   const auto& bench = lab.config.bench;
+  lab.phase("matmul");
   auto& table = lab.results.table("matmul", {{"n", "n", decimals(0)}, {"dtype", "dtype"},
                                              {"cpu_tflops", "CPU TFLOP/s", decimals(3)},
                                              {"gpu_tflops", lab.on_cpu() ? "GPU" : "GPU TFLOP/s", decimals(1)},
