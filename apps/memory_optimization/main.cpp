@@ -122,8 +122,9 @@ struct LeakSection {
   template <class V> void fields(V& v) {
     v.field("enabled", enabled, "the leak hunt: memory after each step with a leaky loss history and with yours");
     v.field("steps", steps, "training steps of each run", Range<int64_t>::between(2, 100000));
-    v.field("batch", batch, "training batch size", Range<int64_t>::at_least(1));
-    v.field("held_out", held_out, "samples of the held-out batch whose loss is recorded every step", Range<int64_t>::at_least(1));
+    v.field("batch", batch, "training batch size", Range<int64_t>::between(1, 65536));
+    v.field("held_out", held_out, "samples of the held-out batch whose loss is recorded every step",
+            Range<int64_t>::between(1, 65536));
     v.field("log_every", log_every, "steps between log points (LossHistory::flush)", Range<int64_t>::at_least(1));
   }
 };
