@@ -50,12 +50,12 @@ amplab::TrainConfig train_config_for(const Mode& mode, const amplab::TrainConfig
   amplab::TrainConfig config = base;
   // TODO(mnist-3): Set config.precision to the mode's precision and check with
   // amplab::check_supported that its device can run it. The core does the rest: autocast for
-  // the forward pass, a GradScaler for fp16-mixed only (loss_scaling "auto"). CUDA graphs only
-  // exist on GPUs: turn config.cuda_graph off for the cpu mode.
+  // the forward pass, a GradScaler for fp16-mixed only (loss_scaling "auto"). Our fast path (our
+  // CUDA kernels, CUDA graphs) is for GPUs: turn config.fast_path off for the cpu mode.
   // BEGIN SOLUTION
   config.precision = mode.precision;
   amplab::check_supported(config.precision, device_for(mode));
-  if (!mode.needs_gpu()) config.cuda_graph = false;
+  if (!mode.needs_gpu()) config.fast_path = false;
   // END SOLUTION
   return config;
 }

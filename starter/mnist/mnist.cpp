@@ -41,8 +41,8 @@ amplab::TrainConfig train_config_for(const Mode& mode, const amplab::TrainConfig
   amplab::TrainConfig config = base;
   // TODO(mnist-3): Set config.precision to the mode's precision and check with
   // amplab::check_supported that its device can run it. The core does the rest: autocast for
-  // the forward pass, a GradScaler for fp16-mixed only (loss_scaling "auto"). CUDA graphs only
-  // exist on GPUs: turn config.cuda_graph off for the cpu mode.
+  // the forward pass, a GradScaler for fp16-mixed only (loss_scaling "auto"). Our fast path (our
+  // CUDA kernels, CUDA graphs) is for GPUs: turn config.fast_path off for the cpu mode.
   AMPLAB_TODO("mnist-3");
   return config;
 }

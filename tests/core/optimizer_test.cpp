@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -177,6 +178,24 @@ TEST(FastPath, FusedOptimizersForSgdAndAdamwOnly) {
   EXPECT_NE(dynamic_cast<torch::optim::Adam*>(make_fast_path_optimizer({w}, c).get()), nullptr);
 }
 
+// The teaching core's rooms and the labs never include the fast path: a lab's program composes it.
+TEST(FastPath, NoTeachingRoomIncludesIt) {
+  namespace fs = std::filesystem;
+  const fs::path root = AMPLAB_SOURCE_DIR;
+  std::string found;
+  for (const char* room : {"src/amplab/infra", "src/amplab/measure", "src/amplab/report", "src/amplab/state",
+                           "src/amplab/models", "src/amplab/train", "src/amplab/data", "src/amplab/dist", "labs"}) {
+    for (const auto& entry : fs::recursive_directory_iterator(root / room)) {
+      if (!entry.is_regular_file()) continue;
+      std::ifstream in(entry.path());
+      for (std::string line; std::getline(in, line);)
+        if (line.find("#include") != std::string::npos && line.find("amplab/fast/") != std::string::npos)
+          found += entry.path().lexically_relative(root).string() + ": " + line + "\n";
+    }
+  }
+  EXPECT_TRUE(found.empty()) << found;
+}
+
 // A trainer handed no optimizer of the fast path refuses the key instead of running without it.
 TEST(FastPath, TrainerWithoutTheFastPathsOptimizerRefusesTheKey) {
   torch::nn::Linear model(2, 1);
@@ -230,8 +249,7 @@ TEST(FastPath, StepsOnTheCpuAreEagerAndTheLineSaysWhy) {
       EXPECT_EQ(steps.description, "fast path on (train.fast_path): FusedMnistNet (torch's ops off a GPU), fused adamw, "
                                    "eager steps (CUDA graphs need a GPU)");
     else
-      EXPECT_EQ(steps.description, "fast path off (train.fast_path=false): MnistNet (the textbook layers), torch::optim "
-                                   "adamw, eager steps");
+      EXPECT_EQ(steps.description, "fast path off: MnistNet (the textbook layers), torch::optim adamw, eager steps");
   }
 }
 

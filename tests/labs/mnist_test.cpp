@@ -77,10 +77,10 @@ TEST(Mnist2_Resident, OnTheGpu_CUDA) {
 // TODO(mnist-3)
 TEST(Mnist3_Precision, ModesSetThePrecision) {
   amplab::TrainConfig base;
-  base.cuda_graph = true;
+  base.fast_path = true;
   auto cpu = mnist::train_config_for({"cpu", amplab::Precision::fp32}, base);
   EXPECT_EQ(cpu.precision, amplab::Precision::fp32);
-  EXPECT_FALSE(cpu.cuda_graph);
+  EXPECT_FALSE(cpu.fast_path);
   EXPECT_EQ(base.batch_size, cpu.batch_size);  // the rest of the config is kept
 }
 

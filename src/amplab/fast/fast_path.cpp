@@ -14,16 +14,21 @@ std::unique_ptr<torch::optim::Optimizer> make_fast_path_optimizer(const std::vec
                                                                   const TrainConfig& config) {
   const OptimizerConfig& c = config.optimizer;
   if (!config.fast_path) return make_optimizer(parameters, c);
+  check_fast_path(config.fast_path, c);
   if (c.name == "sgd") return std::make_unique<FusedSGD>(parameters, sgd_options(c));
-  if (c.name == "adamw") return std::make_unique<FusedAdamW>(parameters, adamw_options(c));
-  throw Error("train.fast_path: there is no fused kernel for train.optimizer.name '" + c.name +
-              "' here (only sgd and adamw); choose one of those, or set train.fast_path=false");
+  return std::make_unique<FusedAdamW>(parameters, adamw_options(c));
+}
+
+void check_fast_path(bool fast_path, const OptimizerConfig& optimizer) {
+  if (fast_path && optimizer.name != "sgd" && optimizer.name != "adamw")
+    throw Error("train.fast_path: there is no fused kernel for train.optimizer.name '" + optimizer.name +
+                "' here (only sgd and adamw); choose one of those, or set train.fast_path=false");
 }
 
 MnistNet make_mnist_net(const TrainConfig& config) { return config.fast_path ? make_fused_mnist_net() : MnistNet(); }
 
 std::string describe_fast_path(bool fast_path, const OptimizerConfig& optimizer) {
-  if (!fast_path) return "fast path off (train.fast_path=false): torch::optim " + optimizer.name;
+  if (!fast_path) return "fast path off: torch::optim " + optimizer.name;
   return "fast path on (train.fast_path): fused " + optimizer.name;
 }
 
@@ -53,7 +58,7 @@ FastPathSteps fast_path_steps(Trainer& trainer, int64_t processes) {
   FastPathSteps steps;
   const std::string optimizer = (config.fast_path ? "fused " : "torch::optim ") + config.optimizer.name;
   if (!config.fast_path) {
-    steps.description = "fast path off (train.fast_path=false): " + network_of(trainer) + optimizer + ", eager steps";
+    steps.description = "fast path off: " + network_of(trainer) + optimizer + ", eager steps";
     return steps;
   }
   steps.description = "fast path on (train.fast_path): " + network_of(trainer) + optimizer + ", ";

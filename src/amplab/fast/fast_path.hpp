@@ -24,13 +24,16 @@ namespace amplab {
 std::unique_ptr<torch::optim::Optimizer> make_fast_path_optimizer(const std::vector<torch::Tensor>& parameters,
                                                                   const TrainConfig& config);
 
+// Refuses, in one line naming both keys, an optimizer train.fast_path has no fused kernel for
+// (sgd and adamw have one). make_fast_path_optimizer checks it; a program may before its first run.
+void check_fast_path(bool fast_path, const OptimizerConfig& optimizer);
+
 // The MNIST network train.fast_path asks for: the fused one, or the textbook MnistNet. Both have
 // the same parameters under the same names.
 MnistNet make_mnist_net(const TrainConfig& config);
 
-// "fast path on (train.fast_path): fused adamw" or "fast path off (train.fast_path=false):
-// torch::optim adamw": what the key chose for the optimizer, for labs without a network or a loop
-// of the fast path.
+// "fast path on (train.fast_path): fused adamw" or "fast path off: torch::optim adamw": what the
+// key chose for the optimizer, for labs without a network or a loop of the fast path.
 std::string describe_fast_path(bool fast_path, const OptimizerConfig& optimizer);
 
 // How fit() runs the steps of `trainer` (FitOptions::run_step), and the line a run's log starts

@@ -88,7 +88,6 @@ struct TrainConfig {
   int64_t log_every = 50;               // optimizer steps between log lines (each costs a host sync)
   int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
   bool drop_last = false;               // skip the last, smaller batch of an epoch
-  bool cuda_graph = false;              // capture the whole step as one CUDA graph (cuda_graph.hpp)
   bool fast_path = false;               // the fused network, fused optimizer and CUDA graphs (src/amplab/fast/)
   int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
   double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
@@ -107,7 +106,6 @@ struct TrainConfig {
     v.field("log_every", log_every, "optimizer steps between log lines", Range<int64_t>::at_least(1));
     v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
     v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
-    v.field("cuda_graph", cuda_graph, "replay the whole step as one CUDA graph (GPU; accumulation_steps 1)");
     v.field("fast_path", fast_path, kFastPathDescription);
     v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
             Range<int64_t>::at_least(1));
