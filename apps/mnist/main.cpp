@@ -288,11 +288,13 @@ int main(int argc, char** argv) {
 
       amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config,
                               device, amplab::course_mechanisms(), config.memory, amplab::make_fast_path_optimizer);
-      amplab::TensorBatches batches(
-          train.images, train.labels,
+      // The resident split, or (AMPLAB_MNIST_LOADER=prefetch) host batches through mnist::PrefetchingBatches.
+      const std::unique_ptr<amplab::BatchSource> train_batches = mnist::make_train_batches(
+          mnist::loader_from_environment(), data.train, train.images, train.labels,
           amplab::EpochSampler(train.size(), train_config.batch_size, static_cast<uint64_t>(config.run.seed), true,
                                train_config.drop_last),
-          device);
+          device, channels_last);
+      amplab::BatchSource& batches = *train_batches;
       amplab::FitOptions options;
       options.lab = "mnist";
       options.tag = mode.label();
