@@ -738,14 +738,15 @@ LeakRun run_leak_loop(Harness& h, const mo::RecordLoss& record, const std::funct
 
 void leak_hunt(Harness& h, amplab::Results& results) {
   const auto& c = h.mem.leak;
-  std::vector<torch::Tensor> kept;  // the leaky recording: every loss as it came, graph and all
-  LeakRun leaky = run_leak_loop(h, [&kept](const torch::Tensor& loss) { kept.push_back(loss); }, [] {});
-  kept.clear();
-  h.release();
   mo::LossHistory history;
   LeakRun yours = run_leak_loop(h, [&history](const torch::Tensor& loss) { history.record(loss); },
                                 [&history] { history.flush(); });
   history.flush();
+  h.release();
+  // Last, so that the end of memory_snapshot.pickle (the allocator's last 100 000 events) is its staircase.
+  std::vector<torch::Tensor> kept;  // the leaky recording: every loss as it came, graph and all
+  LeakRun leaky = run_leak_loop(h, [&kept](const torch::Tensor& loss) { kept.push_back(loss); }, [] {});
+  kept.clear();
   h.release();
   auto& steps = results.table("leak_hunt_steps", {{"step", ""}, {"recording", ""}, {"allocated_mib", ""}, {"source", ""}});
   for (const auto& [name, run] : {std::pair{"leaky", &leaky}, std::pair{"yours", &yours}})
