@@ -4,18 +4,14 @@
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/ddp [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/ddp
 // A single process (no launcher) trains alone, which is the baseline.
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <iostream>
-#include <mutex>
-#include <thread>
 
 #include "amplab/data/mnist.hpp"
+#include "amplab/dist/phase_marks.hpp"  // the bench's phases
+#include "amplab/dist/timeline.hpp"     // bench.trace
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/app.hpp"
@@ -36,6 +32,11 @@
 #include "mechanisms.hpp"
 
 namespace {
+
+using amplab::dist::PhaseMarks;
+using amplab::dist::Timeline;
+using amplab::dist::TimelineCommunicator;
+using amplab::dist::trace_steps;
 
 // The bench's settings, in the order they are timed (bench.settings picks some).
 inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overlapped", "bucketed",
@@ -179,224 +180,6 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   return identical ? amplab::kExitOk : amplab::kExitFailure;
 }
 
-// What the bench's timeline_<setting>.json shows: spans on the host's clock (microseconds of
-// steady_clock, the same clock for every process of a machine), per rank and track.
-class Timeline {
- public:
-  using Clock = std::chrono::steady_clock;
-  void set_recording(bool on) { recording_ = on; }
-  bool recording() const { return recording_; }
-  static int64_t now_us() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-  }
-  void span(const std::string& name, const std::string& track, int64_t start_us, int64_t end_us) {
-    if (!recording_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    events_.push_back({{"name", name}, {"ph", "X"}, {"ts", start_us}, {"dur", std::max<int64_t>(end_us - start_us, 1)},
-                       {"tid", track}});
-  }
-  void instant(const std::string& name, const std::string& track, int64_t at_us) {
-    if (!recording_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    events_.push_back({{"name", name}, {"ph", "i"}, {"s", "t"}, {"ts", at_us}, {"tid", track}});
-  }
-  // Every rank's events in one Chrome trace (a collective: every rank calls it); rank 0 writes it.
-  void write_all_ranks(amplab::dist::Communicator& comm, const std::string& path) {
-    nlohmann::json mine;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      mine = events_;
-      events_.clear();
-    }
-    auto all = comm.all_gather_bytes(mine.dump());
-    if (path.empty()) return;
-    nlohmann::json trace = nlohmann::json::array();
-    for (size_t r = 0; r < all.size(); ++r) {
-      trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
-      for (auto event : nlohmann::json::parse(all[r])) {
-        event["pid"] = r;
-        trace.push_back(std::move(event));
-      }
-    }
-    amplab::write_file_atomic(path, nlohmann::json{{"traceEvents", trace}, {"displayTimeUnit", "ms"}}.dump());
-  }
-
- private:
-  std::atomic<bool> recording_{false};
-  std::mutex mutex_;
-  nlohmann::json events_ = nlohmann::json::array();
-};
-
-// The communicator the bench's syncs talk to when bench.trace is on: passes everything to the
-// real one, and puts each all-reduce on the timeline, from its launch (by a gradient hook during
-// backward, or after it) to its end. On the CPU backend collectives complete
-// in the order they were issued, and a thread of this class waits for each to see when it ends;
-// on GPUs the launch is what the host sees (the kernels are in the profiler's trace).
-class TimelineCommunicator final : public amplab::dist::Communicator {
- public:
-  TimelineCommunicator(std::shared_ptr<amplab::dist::Communicator> inner, Timeline& timeline)
-      : inner_(std::move(inner)), timeline_(timeline), watcher_([this] { watch(); }) {}
-  ~TimelineCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    watcher_.join();
-  }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend() const override { return inner_->backend(); }
-  torch::Device device() const override { return inner_->device(); }
-  std::shared_ptr<amplab::dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
-    auto label = describe(tensors);
-    return watched(label, inner_->all_reduce_sum(std::move(tensors)));
-  }
-  std::shared_ptr<amplab::dist::Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
-    auto label = describe(tensors);
-    return watched(label, inner_->all_reduce_mean(std::move(tensors)));
-  }
-  std::shared_ptr<amplab::dist::Work> then_copy(std::shared_ptr<amplab::dist::Work> work, std::vector<torch::Tensor> from,
-                                                std::vector<torch::Tensor> to) override {
-    return inner_->then_copy(std::move(work), std::move(from), std::move(to));
-  }
-  void broadcast(std::vector<torch::Tensor> tensors, int root) override { inner_->broadcast(std::move(tensors), root); }
-  std::vector<std::string> all_gather_bytes(const std::string& mine) override { return inner_->all_gather_bytes(mine); }
-  void barrier() override { inner_->barrier(); }
-  // Returns once every all-reduce launched so far is on the timeline.
-  void flush() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
-  }
-
- private:
-  struct Pending {
-    std::string label;
-    int64_t launched_us;
-    std::shared_ptr<amplab::dist::Work> work;
-  };
-  static std::string describe(const std::vector<torch::Tensor>& tensors) {
-    int64_t bytes = 0;
-    for (const auto& t : tensors) bytes += t.numel() * t.element_size();
-    return "all-reduce " + amplab::fixed(static_cast<double>(bytes) / 1e6, 3) + " MB (" + std::to_string(tensors.size()) +
-           " tensor" + (tensors.size() == 1 ? "" : "s") + ")";
-  }
-  std::shared_ptr<amplab::dist::Work> watched(const std::string& label, std::shared_ptr<amplab::dist::Work> work) {
-    if (!timeline_.recording()) return work;
-    const int64_t now = Timeline::now_us();
-    if (inner_->device().is_cuda()) {
-      timeline_.instant(label + " launched", "all-reduces", now);
-      return work;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({label, now, work});
-    }
-    wake_.notify_one();
-    return work;
-  }
-  void watch() {
-    for (;;) {
-      Pending next;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        next = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-      }
-      try {
-        next.work->wait();
-      } catch (...) {  // the caller's own wait() reports it
-      }
-      timeline_.span(next.label, "all-reduces", next.launched_us, Timeline::now_us());
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        busy_ = false;
-      }
-      idle_.notify_all();
-    }
-  }
-
-  std::shared_ptr<amplab::dist::Communicator> inner_;
-  Timeline& timeline_;
-  std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  std::deque<Pending> queue_;
-  bool busy_ = false;  // the watcher is waiting for one
-  bool stopping_ = false;
-  std::thread watcher_;
-};
-
-// Splits each timed step into forward, backward and what follows backward, by marks on the
-// device. With DDP, the all-reduces that run beside backward show up as a longer backward (they
-// share the GPU with its matmuls), and those still running when backward ends as a longer tail
-// (with the optimizer step, which is the whole tail alone). Wraps the DDP sync, or nothing alone.
-class PhaseMarks final : public amplab::GradientSync {
- public:
-  // Keeps the marks of the last `capacity` steps, reusing their events (no events made in the
-  // timed loop).
-  PhaseMarks(amplab::GradientSync* inner, torch::Device device, size_t capacity, Timeline* timeline = nullptr)
-      : inner_(inner), timeline_(timeline) {
-    for (size_t i = 0; i < capacity; ++i) steps_.push_back(std::make_unique<amplab::DeviceMarks>(device, 4));
-  }
-  void start_step() {
-    current_ = steps_[started_++ % steps_.size()].get();
-    current_->mark(0);
-    host_mark(0);
-  }
-  void end_step() {
-    current_->mark(3);
-    host_mark(3);
-    if (timeline_ && timeline_->recording()) {
-      const char* names[] = {"forward", "backward", "after backward (sync, optimizer)"};
-      for (int k = 0; k < 3; ++k) timeline_->span(names[k], "compute", host_us_[k], host_us_[k + 1]);
-    }
-  }
-  // Medians over the last `capacity` steps (fewer if fewer ran): forward, backward, after backward (ms).
-  std::vector<double> medians() {
-    std::vector<std::vector<double>> phases(3);
-    for (size_t i = 0; i < std::min(started_, steps_.size()); ++i) {
-      auto ms = steps_[i]->intervals_ms();
-      for (size_t k = 0; k < 3; ++k) phases[k].push_back(ms[k]);
-    }
-    return {amplab::summarize(phases[0]).median, amplab::summarize(phases[1]).median, amplab::summarize(phases[2]).median};
-  }
-
-  void before_forward() override {
-    if (inner_) inner_->before_forward();
-  }
-  void before_backward(const torch::Tensor& loss, bool reduce_after_this) override {
-    current_->mark(1);
-    host_mark(1);
-    if (inner_) inner_->before_backward(loss, reduce_after_this);
-  }
-  void finish() override {
-    current_->mark(2);
-    host_mark(2);
-    if (inner_) inner_->finish();
-  }
-  bool can_step_each_bucket(const std::vector<torch::Tensor>& params) override {
-    return inner_ && inner_->can_step_each_bucket(params);
-  }
-  void finish_stepping_each_bucket(const std::function<void(const std::vector<torch::Tensor>&)>& step_bucket) override {
-    current_->mark(2);
-    host_mark(2);
-    inner_->finish_stepping_each_bucket(step_bucket);
-  }
-
- private:
-  void host_mark(int k) { host_us_[k] = Timeline::now_us(); }  // on the CPU the host's clock is the compute's
-
-  amplab::GradientSync* inner_;
-  Timeline* timeline_;
-  int64_t host_us_[4] = {0, 0, 0, 0};
-  std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
-  amplab::DeviceMarks* current_ = nullptr;
-  size_t started_ = 0;
-};
-
 // A GPU reading for the run's summary.json (null without one).
 nlohmann::json to_json(const std::optional<amplab::GpuReading>& r) {
   if (!r) return nullptr;
@@ -421,29 +204,6 @@ std::string per_rank(const nlohmann::json& readings, const char* key, double sca
     cell += r.is_null() ? "-" : amplab::fixed(scale * r[key].get<double>(), 0);
   }
   return any ? cell + unit : "-";
-}
-
-// Runs `step` under PyTorch's profiler (kineto) on this rank and saves a Chrome trace: the
-// kernels of each CUDA stream on one time line, so the all-reduces can be seen beside backward.
-// Two steps, each waited for; or, back_to_back, three steps queued without waiting, as a
-// training loop runs (bench/trace_steps.py finds each kernel's step by its launch). Every rank
-// must call it (the steps hold collectives); ranks without a path only run the steps.
-void trace_steps(const std::function<void()>& step, torch::Device device, const std::string& path, bool back_to_back) {
-  using torch::profiler::impl::ActivityType;
-  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
-  if (!path.empty()) {
-    torch::autograd::profiler::prepareProfiler(config, activities);
-    torch::autograd::profiler::enableProfiler(config, activities);
-  }
-  for (int i = 0; i < (back_to_back ? 3 : 2); ++i) {
-    RECORD_USER_SCOPE("amplab_step");  // the steps' bounds in the trace
-    step();
-    if (!back_to_back) amplab::synchronize(device);
-  }
-  amplab::synchronize(device);
-  if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
 }
 
 // One row of the bench: the plain MLP alone, or a version of gradient synchronization.
