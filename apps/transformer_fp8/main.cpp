@@ -21,6 +21,7 @@
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
+#include "amplab/train/step_settings.hpp"
 #include "amplab/train/trainer.hpp"
 #include "gpt.hpp"
 #include "mechanisms.hpp"
@@ -71,21 +72,6 @@ struct StudyConfig {
   }
 };
 
-// What the step needs from the trainer config (precision and loss scaling are set per row).
-struct StepSettings {
-  double grad_clip_norm = 1.0;
-  bool fast_path = false;
-  amplab::OptimizerConfig optimizer;
-  amplab::GradScalerConfig grad_scaler;
-  template <class V>
-  void fields(V& v) {
-    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
-    v.field("fast_path", fast_path, amplab::kFastPathDescription);
-    v.section("optimizer", optimizer);
-    v.section("grad_scaler", grad_scaler);
-  }
-};
-
 struct DataConfig {
   std::string dir = "data/shakespeare";
   template <class V>
@@ -97,7 +83,7 @@ struct DataConfig {
 struct LabConfig {
   amplab::RunConfig run;
   DataConfig data;
-  StepSettings train;
+  amplab::StepSettings train{/*grad_clip_norm=*/1.0};
   GptConfig gpt;
   StudyConfig study;
   template <class V>
@@ -137,7 +123,7 @@ struct Setting {
   int64_t batch, steps, eval_every, eval_iters, warmup;
   torch::Device device;
   uint64_t seed;
-  StepSettings train;
+  amplab::StepSettings train;
 };
 
 struct RunResult {  // NaN where the row did not run
