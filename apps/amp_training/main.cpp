@@ -31,6 +31,7 @@
 #include "amplab/models/wide_mlp.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
+#include "amplab/train/step_settings.hpp"
 #include "mechanisms.hpp"
 
 namespace {
@@ -98,20 +99,6 @@ struct OverflowConfig {
   }
 };
 
-// What the step needs from the trainer config (precision and loss scaling are set per row).
-struct StepSettings {
-  double grad_clip_norm = 0.0;
-  bool fast_path = false;  // here: PyTorch's fused SGD (one kernel; with fp16 the scaler skips on the device)
-  amplab::OptimizerConfig optimizer;
-  amplab::GradScalerConfig grad_scaler;
-  template <class V> void fields(V& v) {
-    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
-    v.field("fast_path", fast_path, amplab::kFastPathDescription);
-    v.section("optimizer", optimizer);
-    v.section("grad_scaler", grad_scaler);
-  }
-};
-
 struct AmpLabConfig {
   std::vector<std::string> precisions = {"fp32", "tf32", "fp16-mixed", "bf16-mixed"};
   std::vector<std::string> models = {"mlp", "cnn"};
@@ -136,7 +123,7 @@ struct AmpLabConfig {
 
 struct AmpConfig {
   amplab::RunConfig run;
-  StepSettings train;
+  amplab::StepSettings train;  // train.fast_path here: PyTorch's fused SGD (one kernel; with fp16 the scaler skips on the device)
   AmpLabConfig amp;
   template <class V> void fields(V& v) {
     v.section("run", run);
