@@ -166,7 +166,8 @@ std::string MemoryTracker::leak_report() const {
   out.precision(3);
   out << (memory_is_rss(device_) ? "RSS" : "allocated GPU memory") << " grew by " << mib(growth) << " MiB over the last "
       << window << " steps (" << mib(growth) / static_cast<double>(window - 1) << " MiB/step), most in the "
-      << to_string(worst) << " phase: is something kept across steps (e.g. a loss with its graph: use loss.detach() or .item())?";
+      << to_string(worst) << " phase: something keeps tensors alive from one step to the next; "
+         "run.memory_snapshot=true shows what (on a GPU, at pytorch.org/memory_viz)";
   return out.str();
 }
 
