@@ -1,4 +1,4 @@
-// train.fast_path composed: the fused optimizers as the trainer's factory, the MNIST network, the graphed step (fast_path.hpp).
+// train.fast_path composed: the trainer's fused optimizers, the MNIST network, the graphed step (fast_path.hpp).
 #include "amplab/fast/fast_path.hpp"
 
 #include "amplab/fast/cuda_graph.hpp"
@@ -47,7 +47,8 @@ std::string eager_because(Trainer& trainer, int64_t processes) {
 
 std::string network_of(Trainer& trainer) {
   const bool fused = dynamic_cast<FusedMnistNetImpl*>(&trainer.model()) != nullptr;
-  if (fused) return trainer.device().is_cuda() ? "FusedMnistNet (our kernels), " : "FusedMnistNet (torch's ops off a GPU), ";
+  if (fused)
+    return trainer.device().is_cuda() ? "FusedMnistNet (our kernels), " : "FusedMnistNet (torch's ops off a GPU), ";
   return dynamic_cast<MnistNetImpl*>(&trainer.model()) ? "MnistNet (the textbook layers), " : "";
 }
 

@@ -42,7 +42,8 @@ struct FastPathSteps {
   // Empty: Trainer::step eagerly. Else a step of batch first_batch replayed as one CUDA graph
   // (GraphedTrainStep; `batches` is 1, since a graph captures one micro-batch per step).
   std::function<StepResult(BatchSource& data, int64_t first_batch, int64_t batches)> run_step;
-  std::string description;  // e.g. "fast path on (train.fast_path): FusedMnistNet (our kernels), fused adamw, one CUDA graph per step"
+  // e.g. "fast path on (train.fast_path): FusedMnistNet (our kernels), fused adamw, one CUDA graph per step"
+  std::string description;
 };
 // With train.fast_path on a GPU, the step as one CUDA graph, in one process. Eager without the
 // fast path, on the CPU, when `processes` > 1 (each bucket's all-reduce is started from the
