@@ -1,7 +1,7 @@
 // Lab 4, TODO mnist-6: host batches through pinned memory, copied to the GPU on a side stream
 // while the previous step computes (solution in prefetch.cpp). The lab's GPU modes keep the whole
 // dataset on the device (TensorBatches over ResidentSplit); this is the path most training takes
-// instead, and AMPLAB_MNIST_LOADER=prefetch trains through it.
+// instead, and --set mnist.loader=prefetch trains through it.
 #pragma once
 
 #include <torch/torch.h>
@@ -55,11 +55,10 @@ class PrefetchingBatches : public amplab::BatchSource {
   std::unique_ptr<Pipeline> pipeline_;
 };
 
-// Given: the lab binary's training batches. AMPLAB_MNIST_LOADER picks them: "resident" (unset:
-// the default) gathers from `resident`, the dataset already on the device; "prefetch" keeps
+// Given: the lab binary's training batches. `loader` (mnist.loader) picks them: "resident" (the
+// default) gathers from `resident`, the dataset already on the device; "prefetch" keeps
 // `split` in host memory and copies each batch through a PrefetchingBatches. `channels_last`
 // gives the prefetched images the resident ones' layout.
-std::string loader_from_environment();
 std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loader, const amplab::MnistSplit& split,
                                                         const torch::Tensor& resident_images,
                                                         const torch::Tensor& resident_labels,

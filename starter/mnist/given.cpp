@@ -54,14 +54,6 @@ Evaluation evaluate(Net& net, const ResidentSplit& split, int64_t batch_size, am
   return {totals[0].item<double>() / n, totals[1].item<double>() / n};
 }
 
-std::string loader_from_environment() {
-  const char* value = std::getenv("AMPLAB_MNIST_LOADER");
-  const std::string loader = value == nullptr || *value == '\0' ? "resident" : value;
-  if (loader != "resident" && loader != "prefetch")
-    throw amplab::Error("AMPLAB_MNIST_LOADER=" + loader + ": expected resident (the default) or prefetch");
-  return loader;
-}
-
 std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loader, const amplab::MnistSplit& split,
                                                         const torch::Tensor& resident_images,
                                                         const torch::Tensor& resident_labels,
@@ -71,7 +63,7 @@ std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loade
     return std::make_unique<amplab::TensorBatches>(resident_images, resident_labels, std::move(sampler), device);
   std::function<torch::Tensor(const torch::Tensor&)> layout;
   if (channels_last) layout = [](const torch::Tensor& t) { return t.contiguous(torch::MemoryFormat::ChannelsLast); };
-  amplab::log::info("loader: prefetch (AMPLAB_MNIST_LOADER): the training images in host memory, each batch through "
+  amplab::log::info("loader: prefetch (mnist.loader): the training images in host memory, each batch through "
                     "pinned memory and a side stream to " + device.str());
   return std::make_unique<PrefetchingBatches>(amplab::normalize_images(split.images), split.labels, std::move(sampler),
                                               device, std::move(layout));

@@ -221,6 +221,22 @@ TEST(CheckpointManager, ResolveErrors) {
 // With a pointer directory (<run.out_dir>/<lab>, beside the run directories) the run's own
 // `latest` names its file relative to itself (absolute when outside it) and is read first; the
 // checkpoint directory's `latest`, the newest file of any run, only when the run's is missing.
+// A checkpoint.dir that is not the out_dir's own may be shared with runs of other out_dirs: its
+// `latest` may name one of theirs, so a run without its own pointer never resumes from it.
+TEST(CheckpointManager, ASharedDirectorysLatestIsNeverAnotherOutDirsResume) {
+  test::TempDir dir;
+  Toy s;
+  const std::string shared = dir.file("shared"), mine = dir.file("c/toy");
+  std::filesystem::create_directories(mine);
+  std::filesystem::create_directories(dir.file("d/toy"));
+  CheckpointManager(shared, 2, "other", dir.file("d/toy")).save(s.state(), info_at(4));  // another out_dir's run
+  const CheckpointManager checkpoints(shared, 2, "", mine);
+  EXPECT_FALSE(checkpoints.has_latest());  // --resume auto: a fresh start
+  EXPECT_TRUE(test::throws_with([&] { checkpoints.resolve("latest"); },
+                                {"no checkpoint of a run under this run.out_dir", mine, "pass a checkpoint path"}));
+  EXPECT_TRUE(CheckpointManager(shared, 2).has_latest());  // without a run directory: the directory's, as before
+}
+
 TEST(CheckpointManager, TheRunsLatestIsReadFirstAndTheDirectorysWhenItIsMissing) {
   test::TempDir dir;
   Toy s;

@@ -388,3 +388,36 @@ TEST(ConfigOverlay, WithoutTheSectionTheSameValues) {
 
 }  // namespace
 }  // namespace amplab
+
+namespace amplab {
+namespace {
+
+TEST(ConfigOverlay, SetCanNameAKeyOfTheSection) {
+  const std::string yaml = "train:\n  epochs: 10\ncpu:\n  train:\n    epochs: 1\n";
+  auto source = ConfigSource::parse(yaml, "lab.yaml", {"cpu.train.epochs=3", "train.batch_size=16"});
+  TopConfig gpu, cpu;
+  source.bind(gpu);
+  source.with_overlay("cpu").bind(cpu);
+  EXPECT_EQ(gpu.train.epochs, 10);
+  EXPECT_EQ(cpu.train.epochs, 3);
+  EXPECT_EQ(cpu.train.batch_size, 16);
+  EXPECT_EQ(source.with_overlay("cpu").where("train.epochs"), "--set cpu.train.epochs=3");
+  TopConfig c;
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse(yaml, "lab.yaml", {"cpu.train.epoch=3"}).with_overlay("cpu").bind(c); },
+                                {"unknown key 'train.epoch'"}));
+  EXPECT_TRUE(test::throws_with([&] { ConfigSource::parse(yaml, "lab.yaml", {"cpu.run.device=cuda"}); },
+                                {"cpu.run.device", "set run.device instead"}));
+}
+
+TEST(ConfigSource, HasSaysWhetherTheFileOrASetGivesAKeyAValue) {
+  auto source = ConfigSource::parse("train:\n  epochs: 10\n", "lab.yaml", {"train.name=x"});
+  EXPECT_TRUE(source.has("train.epochs"));
+  EXPECT_TRUE(source.has("train.name"));
+  EXPECT_TRUE(source.has("train"));
+  EXPECT_FALSE(source.has("train.batch_size"));
+  EXPECT_FALSE(source.has("device"));
+  EXPECT_FALSE(source.has("train.epochs.x"));
+}
+
+}  // namespace
+}  // namespace amplab

@@ -46,7 +46,7 @@ std::vector<std::string> mnist_args(const test::TempDir& dir, int epochs) {
           "--set", "data.dir=" + dir.file("data"),
           "--set", "run.out_dir=" + dir.file("runs"),
           "--set", "mnist.modes=[cpu]",
-          "--set", "mnist.cpu_epochs=" + std::to_string(epochs),
+          "--set", "train.epochs=" + std::to_string(epochs),
           "--set", "mnist.plots=false",
           "--set", "train.batch_size=8",
           "--set", "train.log_every=1",
@@ -83,7 +83,7 @@ TEST_P(Interrupt, SavesACheckpointThatResumesToTheEnd) {
 
   auto args = mnist_args(dir, 50);
   args.push_back("--set");
-  args.push_back("mnist.cpu_epochs=2");  // finish quickly: the checkpoint is in epoch 1 or 2
+  args.push_back("train.epochs=2");  // finish quickly: the checkpoint is in epoch 1 or 2
   args.push_back("--resume");
   args.push_back(path);
   args.push_back("--force");  // fewer epochs change the linear schedule's rates: the run must be told
@@ -201,7 +201,7 @@ TEST(Resume, AFinishedRunSaysSoAndTrainsMoreOnlyWhenForced) {
   auto more = mnist_args(dir, 3);
   more.insert(more.end(), {"--resume", "latest"});
   EXPECT_EQ(test::run(more, &out), 2) << out;
-  EXPECT_NE(out.find("error: --resume: mnist.cpu_epochs is 3 now but was 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: --resume: train.epochs is 3 now but was 2"), std::string::npos) << out;
   more.push_back("--force");
   EXPECT_EQ(test::run(more, &out), 0) << out;
   EXPECT_NE(out.find("[cpu] epoch 3: train loss"), std::string::npos) << out;
@@ -333,7 +333,7 @@ void expect_saved_and_resumable(const test::TempDir& dir, const std::string& log
   std::string path = log.substr(saved + 20, log.find(';', saved) - saved - 20);
   EXPECT_EQ(read_checkpoint_info(path).lab, "mnist");
   auto args = mnist_args(dir, 50);
-  args.insert(args.end(), {"--set", "mnist.cpu_epochs=3", "--resume", path, "--force"});
+  args.insert(args.end(), {"--set", "train.epochs=3", "--resume", path, "--force"});
   std::string out;
   EXPECT_EQ(test::run(args, &out, 120), 0) << out;
   EXPECT_NE(out.find("resumed from " + path), std::string::npos) << out;

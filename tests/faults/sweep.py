@@ -42,7 +42,7 @@ LABS = ["gpu_basics", "amp_training", "memory_optimization", "mnist", "ddp", "cu
 CRASH_TEXT = re.compile(r"terminate called|Segmentation fault|core dumped|Aborted \(core|double free|stack smashing")
 LOG_LINE = re.compile(r"^(\[rank \d+\] )?\[\d\d:\d\d:\d\d (trace|debug|info|warn|warning)\]")
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: ")
-TINY = ["--set", "mnist.modes=[cpu]", "--set", "mnist.cpu_epochs=3", "--set", "data.train_limit=1024",
+TINY = ["--set", "mnist.modes=[cpu]", "--set", "train.epochs=3", "--set", "data.train_limit=1024",
         "--set", "data.test_limit=500", "--set", "mnist.plots=false", "--set", "run.deterministic=true",
         "--set", "train.log_every=1", "--set", "mnist.profile_steps=0", "--set", "run.device=cpu"]
 
@@ -378,7 +378,7 @@ def surprise_cases(bindir, out_root):
     for assignment, names, what in [
             ("run.out_dir=~/amplab-runs", ["run.out_dir", "'~/amplab-runs' starts with '~'"], "'~' in run.out_dir"),
             ("checkpoint.dir=~/ckpts", ["checkpoint.dir", "'~/ckpts' starts with '~'"], "'~' in checkpoint.dir"),
-            ("mnist.cpu_epochs=1000000000000", ["mnist.cpu_epochs", "larger than 2147483647"], "an int key beyond int"),
+            ("train.epochs=1000000000000", ["train.epochs", "larger than 2147483647"], "an int key beyond int"),
             ("train.batch_size=99999999999999999999", ["train.batch_size", "64-bit"], "an integer beyond int64"),
             ("mnist.modes=[cpu] # only the cpu", ["mnist.modes", "comment"], "a list with a comment")]:
         cases.append(Case(f"cli/mnist/--set {what}", "cli", set_refused(assignment, names)))
@@ -521,7 +521,7 @@ def data_cases(bindir, out_root):
         raw = gzip.decompress((work / "train-labels-idx1-ubyte.gz").read_bytes())
         half = len(raw) // 2
         (work / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(raw[:half]) + gzip.compress(raw[half:]))
-        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", f"data.dir={work}",
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.epochs=1", "--set", f"data.dir={work}",
                                                 "--set", f"run.out_dir={work}/runs"]
         rc, out, _ = run(cmd, 300)
         if rc is None:
@@ -609,7 +609,7 @@ def signal_cases(bindir, out_root):
 
     def twice():
         out_dir = tempfile.mkdtemp(dir=out_root)
-        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=30", "--set", f"run.out_dir={out_dir}"]
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.epochs=30", "--set", f"run.out_dir={out_dir}"]
         rc, out, seconds = run(cmd, 60, signals=[(4.0, signal.SIGINT, None), (4.2, signal.SIGINT, None)])
         if rc is None:
             return "hang", "a second Ctrl-C did not end the run", " ".join(cmd)
@@ -648,7 +648,7 @@ def profile_cases(bindir, out_root):
 
     def sample_size():
         out_dir = tempfile.mkdtemp(dir=out_root)
-        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", "mnist.profile_steps=30",
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.epochs=1", "--set", "mnist.profile_steps=30",
                                                 "--set", f"run.out_dir={out_dir}"]
         rc, out, _ = run(cmd, 300)
         if rc != 0:
@@ -753,7 +753,7 @@ def clock_cases(bindir, out_root):
         env = dict(os.environ, FAKETIME_DONT_FAKE_MONOTONIC="1")
         for n in (1, 2):
             cmd = [faketime, "-f", "2026-03-01 12:00:00", str(bindir / "mnist")] + TINY + [
-                "--set", "mnist.cpu_epochs=1", "--set", f"run.out_dir={work}/out{n}", "--set", f"checkpoint.dir={shared}"]
+                "--set", "train.epochs=1", "--set", f"run.out_dir={work}/out{n}", "--set", f"checkpoint.dir={shared}"]
             rc, out, _ = run(cmd, 300, env=env)
             if rc != 0:
                 return "crash" if crashed(rc, out) else "unclear", f"run {n}: exit {rc}: {out.strip()[-200:]!r}", " ".join(cmd)
@@ -777,7 +777,7 @@ def checkpoint_cases(bindir, out_root):
         with lock:
             if "path" not in made:
                 out_dir = tempfile.mkdtemp(dir=out_root)
-                run([str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", f"run.out_dir={out_dir}"], 300)
+                run([str(bindir / "mnist")] + TINY + ["--set", "train.epochs=1", "--set", f"run.out_dir={out_dir}"], 300)
                 found = sorted(pathlib.Path(out_dir).glob("mnist/checkpoints/*.ckpt"))
                 made["path"] = found[-1] if found else None
             return made["path"]
@@ -859,7 +859,7 @@ def resume_cases(bindir, out_root):
 
     def finished():
         out_dir = tempfile.mkdtemp(dir=out_root)
-        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=1", "--set", f"run.out_dir={out_dir}"]
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.epochs=1", "--set", f"run.out_dir={out_dir}"]
         run(cmd, 300)
         rc, out, _ = run(cmd + ["--resume", "latest"], 120)
         if rc is None:
@@ -883,7 +883,7 @@ def resume_cases(bindir, out_root):
 
     def two_writers():
         out_dir = tempfile.mkdtemp(dir=out_root)
-        cmd = [str(bindir / "mnist")] + TINY + ["--set", "mnist.cpu_epochs=20", "--set", f"run.out_dir={out_dir}"]
+        cmd = [str(bindir / "mnist")] + TINY + ["--set", "train.epochs=20", "--set", f"run.out_dir={out_dir}"]
         first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             time.sleep(3)
@@ -898,7 +898,7 @@ def resume_cases(bindir, out_root):
         # shared directory last, yet `--resume latest` of the first goes on from the first's checkpoint.
         work = pathlib.Path(tempfile.mkdtemp(dir=out_root))
         shared = ["--set", f"checkpoint.dir={work}/shared-checkpoints"]
-        cmds = {n: [str(bindir / "mnist")] + TINY + shared + ["--set", f"mnist.cpu_epochs={n}", "--set", f"run.out_dir={work}/out{n}"]
+        cmds = {n: [str(bindir / "mnist")] + TINY + shared + ["--set", f"train.epochs={n}", "--set", f"run.out_dir={work}/out{n}"]
                 for n in (1, 2)}
         for n in (1, 2):
             rc, out, _ = run(cmds[n], 300)

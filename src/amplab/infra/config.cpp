@@ -150,6 +150,7 @@ struct ConfigSource::Impl {
   YAML::Node root;                             // a map (possibly empty): the file with the overrides
   std::string text;                            // the file's text (overlays re-read it: a copy of a node loses its lines)
   std::map<std::string, YAML::Node> overlays;  // overlay sections ("cpu"), taken out of the file
+  std::map<std::string, std::string> overlay_origins;  // key path in an overlay -> "--set cpu.a.b=v"
   std::vector<std::string> overrides;          // --set assignments, in order
   std::map<std::string, std::string> origins;  // key path -> "--set a.b=v" for overridden keys
 
@@ -657,7 +658,51 @@ void merge_into(YAML::Node base, const YAML::Node& overlay) {
   }
 }
 
+// Whether `assignment` ("cpu.train.epochs=1") sets a key of an overlay section.
+bool overlay_assignment(const std::string& assignment) {
+  for (const char* section : kOverlaySections)
+    if (assignment.rfind(std::string(section) + ".", 0) == 0) return true;
+  return false;
+}
+
+// --set cpu.train.epochs=1 goes into the cpu: section, not among the file's keys. Returns
+// whether `assignment` was one of those.
+bool apply_overlay_override(ConfigSource::Impl& impl, const std::string& assignment) {
+  for (const char* section : kOverlaySections) {
+    const std::string prefix = std::string(section) + ".";
+    if (assignment.rfind(prefix, 0) != 0) continue;
+    const std::string inner = assignment.substr(prefix.size());
+    if (inner.rfind("run.device", 0) == 0)
+      throw Error("--set " + printable(assignment) + ": '" + prefix + "run.device' cannot be set: the section applies once "
+                  "the device is known; set run.device instead");
+    YAML::Node& overlay = impl.overlays[section];
+    if (!overlay.IsDefined() || !overlay.IsMap()) overlay = YAML::Node(YAML::NodeType::Map);
+    ConfigSource::Impl view;
+    view.name = impl.name;
+    view.root.reset(overlay);
+    apply_override(view, inner);
+    for (const auto& entry : view.origins) impl.overlay_origins[entry.first] = "--set " + printable(assignment);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool ConfigSource::has(const std::string& key) const {
+  YAML::Node node;
+  node.reset(impl_->root);
+  for (size_t start = 0;;) {
+    if (!node.IsMap()) return false;
+    auto dot = key.find('.', start);
+    const YAML::Node& section = node;  // const: looking a key up must not add it
+    YAML::Node child = section[key.substr(start, dot - start)];
+    if (!child.IsDefined()) return false;
+    node.reset(child);
+    if (dot == std::string::npos) return true;
+    start = dot + 1;
+  }
+}
 
 ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string& name,
                                  const std::vector<std::string>& overrides) {
@@ -667,7 +712,8 @@ ConfigSource ConfigSource::parse(const std::string& yaml_text, const std::string
   impl->text = yaml_text;
   impl->overlays = take_overlay_sections(*impl);
   impl->overrides = overrides;
-  for (const auto& assignment : overrides) apply_override(*impl, assignment);
+  for (const auto& assignment : overrides)
+    if (!apply_overlay_override(*impl, assignment)) apply_override(*impl, assignment);
   return ConfigSource(std::move(impl));
 }
 
@@ -682,8 +728,11 @@ ConfigSource ConfigSource::with_overlay(const std::string& section) const {
   impl->overrides = impl_->overrides;
   impl->root = parse_yaml(impl->text, impl->name);
   impl->overlays = take_overlay_sections(*impl);
+  for (const auto& assignment : impl->overrides) apply_overlay_override(*impl, assignment);  // --set cpu.a.b=v first
   if (auto found = impl->overlays.find(section); found != impl->overlays.end()) merge_into(impl->root, found->second);
-  for (const auto& assignment : impl->overrides) apply_override(*impl, assignment);
+  for (const auto& [key, origin] : impl->overlay_origins) impl->origins[key] = origin;
+  for (const auto& assignment : impl->overrides)
+    if (!overlay_assignment(assignment)) apply_override(*impl, assignment);
   return ConfigSource(std::move(impl));
 }
 

@@ -150,9 +150,12 @@ class ConfigSource {
   // A section of the file that holds values used instead of the file's own in some case, as
   // `cpu:` does for runs on the CPU (smaller sizes, fewer steps): the same source with that
   // section's values over the file's, --set still over both. Without such a section, the same
-  // values as this source. The section itself is never a key of the config.
+  // values as this source. The section itself is never a key of the config; --set cpu.a.b=v sets
+  // a value of the section.
   ConfigSource with_overlay(const std::string& section) const;
   bool has_overlay(const std::string& section) const;
+  // Whether the file or a --set gives `key` ("train.precision") a value (else it keeps its default).
+  bool has(const std::string& key) const;
 
   // Where `key` ("bench.width") got its value, for errors about values that are each valid but
   // do not go together: "--set bench.width=256", "configs/ddp.yaml:12", or the file's name where

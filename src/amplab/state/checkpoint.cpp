@@ -458,9 +458,17 @@ std::string checked_target(const fs::path& pointer, const std::string& name, con
 }  // namespace
 
 // A `latest` that is a dangling link counts: --resume auto then says what is wrong with it.
+// The directory's own `latest` is read when there is no run pointer, or when the directory is
+// the run's out_dir's own (<out_dir>/<lab>/checkpoints). In a checkpoint.dir shared by runs of
+// other out_dirs it may name another run's checkpoint: never read there.
+bool CheckpointManager::directory_latest_is_ours() const {
+  if (pointer_dir_.empty()) return true;
+  return fs::path(dir_).lexically_normal().parent_path() == fs::path(pointer_dir_).lexically_normal();
+}
+
 bool CheckpointManager::has_latest() const {
   return (!pointer_dir_.empty() && pointer_exists(fs::path(pointer_dir_) / "latest")) ||
-         pointer_exists(fs::path(dir_) / "latest");
+         (directory_latest_is_ours() && pointer_exists(fs::path(dir_) / "latest"));
 }
 
 std::string CheckpointManager::resolve(const std::string& spec) const {
@@ -472,6 +480,9 @@ std::string CheckpointManager::resolve(const std::string& spec) const {
   if (!pointer_dir_.empty() && pointer_exists(fs::path(pointer_dir_) / "latest"))
     return resolve_run_pointer((fs::path(pointer_dir_) / "latest").string());
   fs::path latest = fs::path(dir_) / "latest";
+  if (!directory_latest_is_ours())
+    throw Error("--resume latest: no checkpoint of a run under this run.out_dir (no 'latest' in '" + pointer_dir_ +
+                "'); checkpoint.dir '" + dir_ + "' may hold other runs' checkpoints: pass a checkpoint path instead");
   if (!pointer_exists(latest))
     throw Error("--resume latest: no checkpoint in '" + dir_ + "' (no 'latest' file there" +
                 (pointer_dir_.empty() ? "" : " nor in '" + pointer_dir_ + "'") + "); pass a path instead");

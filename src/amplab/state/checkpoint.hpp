@@ -115,6 +115,7 @@ class CheckpointManager {
   bool has_latest() const;
 
  private:
+  bool directory_latest_is_ours() const;
   std::string resolve_run_pointer(const std::string& pointer) const;
   std::string resolve_dir_pointer(const std::string& pointer) const;
   std::string dir_;

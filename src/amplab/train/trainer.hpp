@@ -204,6 +204,7 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return *scaler_; }
   MemoryTracker& memory() { return memory_; }
+  const StepMechanisms& mechanisms() const { return mechanisms_; }  // the labs' step, one phase at a time
   const TrainConfig& config() const { return config_; }
   torch::Device device() const { return device_; }
   Precision precision() const { return config_.precision; }
