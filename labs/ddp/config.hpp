@@ -1,0 +1,75 @@
+// The ddp lab's config: the keys of configs/ddp.yaml and what each means.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "amplab/data/mnist.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/report/run_dir.hpp"
+#include "amplab/state/checkpoint.hpp"
+#include "amplab/train/precision.hpp"
+#include "amplab/train/trainer.hpp"
+#include "ddp_lab.hpp"
+
+namespace ddp_lab {
+
+// The bench's settings, in the order they are timed (bench.settings picks some).
+inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overlapped", "bucketed",
+                                                        "bucketed_fast", "bucketed_no_overlap", "bucketed_bf16", "pieces"};
+
+struct DdpBenchConfig {
+  bool enabled = false, trace = false;
+  int64_t width = 8192, layers = 4, batch = 8192, first_layer_pieces = 4;  // the AMP lab's MLP
+  amplab::Precision precision = amplab::Precision::bf16_mixed;
+  int warmup = 5, steps = 20;
+  std::vector<std::string> settings = kBenchSettings;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("enabled", enabled, "run the MLP step benchmark (alone, then each version of gradient sync) instead of training");
+    v.field("width", width, "MLP width", amplab::Range<int64_t>::at_least(1));
+    v.field("layers", layers, "MLP layers", amplab::Range<int64_t>::at_least(1));
+    v.field("batch", batch, "samples per rank", amplab::Range<int64_t>::at_least(1));
+    v.field("precision", precision, "precision of the benchmark");
+    v.field("warmup", warmup, "untimed steps", amplab::Range<int64_t>::at_least(0));
+    v.field("steps", steps, "timed steps per setting", amplab::Range<int64_t>::at_least(1));
+    v.field("settings", settings,
+            "rows to time after the plain MLP alone: naive, flat, overlapped, bucketed (your four steps, one "
+            "optimizer step after the sync), bucketed_fast (bucketed with the reference's settings: each bucket "
+            "stepped as soon as it is reduced), bucketed_no_overlap, bucketed_bf16 (dist.compression: bf16), pieces "
+            "(the first layer in bench.first_layer_pieces pieces, alone and bucketed_fast)",
+            kBenchSettings);
+    v.field("first_layer_pieces", first_layer_pieces,
+            "the 'pieces' settings cut the MLP's first Linear into this many pieces (amplab::LinearInPieces), whose "
+            "all-reduces then start piece by piece during backward",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("trace", trace,
+            "write timeline_<setting>.json (every rank's phases and all-reduces, from the host's clock: on CPU ranks "
+            "the overlap of all-reduces with backward is there to see) and, per rank, trace_<setting>[_rank<r>].json "
+            "(PyTorch's profiler: CPU ops and GPU kernels of two steps, each waited for) and "
+            "trace_<setting>_back_to_back[_rank<r>].json (three steps queued without waiting) into the run "
+            "directory; open them in ui.perfetto.dev, or print a kernel trace with bench/trace_steps.py");
+  }
+};
+
+struct DdpConfig {
+  amplab::RunConfig run;
+  amplab::DataConfig data;
+  amplab::TrainConfig train;
+  amplab::CheckpointConfig checkpoint;
+  ddp_lab::LabDistConfig dist;
+  DdpBenchConfig bench;
+  template <class V>
+  void fields(V& v) {
+    v.section("run", run);
+    v.section("data", data);
+    v.section("train", train);
+    v.section("checkpoint", checkpoint);
+    v.section("dist", dist);
+    v.section("bench", bench);
+  }
+};
+
+}  // namespace ddp_lab
