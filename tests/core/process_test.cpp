@@ -291,10 +291,19 @@ TEST(Resume, AnotherLabsCheckpointIsRefusedByName) {
                                   "--set", "run.out_dir=" + dir.file("ddp_runs"), "--set", "train.batch_size=16",
                                   "--set", "train.progress=false"};
   ASSERT_EQ(test::run(ddp, &out), 0) << out;
+  std::string ddp_checkpoint;  // the ddp run's checkpoint, named by its path
+  for (const auto& entry : std::filesystem::directory_iterator(dir.file("ddp_runs") + "/ddp/checkpoints"))
+    if (entry.path().extension() == ".ckpt") ddp_checkpoint = entry.path().string();
+  ASSERT_FALSE(ddp_checkpoint.empty());
   auto mnist = mnist_args(dir, 1);
-  mnist.insert(mnist.end(), {"--set", "checkpoint.dir=" + dir.file("ddp_runs") + "/ddp/checkpoints", "--resume", "latest"});
+  mnist.insert(mnist.end(), {"--resume", ddp_checkpoint});
   EXPECT_EQ(test::run(mnist, &out), 2) << out;
   EXPECT_NE(out.find("was written by the ddp lab, not by mnist"), std::string::npos) << out;
+  // Through `latest` of a checkpoint.dir that is not this out_dir's own: never another run's.
+  mnist = mnist_args(dir, 1);
+  mnist.insert(mnist.end(), {"--set", "checkpoint.dir=" + dir.file("ddp_runs") + "/ddp/checkpoints", "--resume", "latest"});
+  EXPECT_EQ(test::run(mnist, &out), 2) << out;
+  EXPECT_NE(out.find("no checkpoint of a run under this run.out_dir"), std::string::npos) << out;
   // run.device=cuda where there is no GPU is an error, not a quiet run on the CPU.
   if (!torch::cuda::is_available()) {
     ddp.insert(ddp.end(), {"--set", "run.device=cuda"});
