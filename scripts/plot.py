@@ -7,6 +7,7 @@
     scripts/plot.py ddp    RUN_DIR   ddp_scaling.png
     scripts/plot.py kernels RUN_DIR  roofline.png, bandwidth.png (cuda_kernels lab)
     scripts/plot.py gpt    RUN_DIR   loss_curve.png (transformer_fp8 lab: loss per step and precision)
+    scripts/plot.py gpu_basics RUN_DIR   matmul.png (TFLOP/s and the GPU's speed-up over the CPU against n)
     scripts/plot.py gpu_monitor RUN_DIR  gpu_monitor.png (any GPU run: utilization, power, memory over time)
 """
 import csv
@@ -246,6 +247,36 @@ def plot_gpt(run_dir):
     save(fig, run_dir, "loss_curve.png")
 
 
+def plot_gpu_basics(run_dir):
+    """The matmul sweep: TFLOP/s against n per device and dtype, and the GPU's speed-up over the CPU."""
+    rows = read_csv(os.path.join(run_dir, "matmul.csv"))
+    if not rows:
+        raise ValueError("matmul.csv has no rows")
+    def number(text):
+        return float(text) if text not in ("", "nan") else None
+    fig, (speed, ratio) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        for key, style, device in (("gpu_tflops", "-o", "GPU"), ("cpu_tflops", "--s", "CPU")):
+            points = [(int(r["n"]), number(r[key])) for r in mine if number(r[key])]
+            if points:
+                speed.plot(*zip(*points), style, label=f"{device} {dtype}", markersize=4)
+        points = [(int(r["n"]), number(r["gpu_over_cpu"])) for r in mine if number(r["gpu_over_cpu"])]
+        if points:
+            ratio.plot(*zip(*points), "-o", label=dtype, markersize=4)
+    speed.set(xscale="log", yscale="log", xlabel="n (n x n x n matmul)", ylabel="TFLOP/s", title="Matmul throughput")
+    ratio.set(xscale="log", yscale="log", xlabel="n", ylabel="GPU / CPU", title="The GPU's speed-up over the CPU")
+    ratio.axhline(1, color="grey", linewidth=0.8)
+    sizes = sorted({int(r["n"]) for r in rows})
+    for ax in (speed, ratio):
+        ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=7)
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    save(fig, run_dir, "matmul.png")
+
+
 def plot_gpu_monitor(run_dir):
     """SM utilization, power and memory used over the run, one colour band per phase."""
     rows = read_csv(os.path.join(run_dir, "gpu_monitor.csv"))
@@ -275,12 +306,12 @@ def plot_gpu_monitor(run_dir):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp", "kernels", "gpt", "gpu_monitor"}:
+    if len(sys.argv) != 3 or sys.argv[1] not in {"mnist", "amp", "memory", "ddp", "kernels", "gpt", "gpu_basics", "gpu_monitor"}:
         print(__doc__, file=sys.stderr)
         return 2
     try:
         {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp,
-         "kernels": plot_kernels, "gpt": plot_gpt, "gpu_monitor": plot_gpu_monitor}[sys.argv[1]](sys.argv[2])
+         "kernels": plot_kernels, "gpt": plot_gpt, "gpu_basics": plot_gpu_basics, "gpu_monitor": plot_gpu_monitor}[sys.argv[1]](sys.argv[2])
     except (OSError, KeyError, ValueError, TypeError) as e:  # a run directory the plots cannot read
         print(f"plot.py: cannot plot {sys.argv[1]} from {sys.argv[2]}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

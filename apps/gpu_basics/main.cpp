@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
     time_matmul(lab);
     measure_bandwidth(lab);
     sweep_matmul(lab);
+    lab.plot_kind = "gpu_basics";  // matmul.png
     return amplab::kExitOk;
   });
 }
