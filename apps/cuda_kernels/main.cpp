@@ -1,4 +1,5 @@
-// Lab 6, CUDA kernels: each part's kernels against PyTorch on one GPU. Prints a table per part
+// Lab 6, CUDA kernels: each part's kernels against PyTorch on one GPU (and, for element-wise, convolution
+// and matmul, against PyTorch's CPU op on the same sizes). Prints a table per part
 // (element-wise, reduction, convolution, matrix multiply, fused bias + GELU), writes them as CSV,
 // the filtered photographs as PNGs, and the roofline and bandwidth plots, into the run directory.
 //   build/bin/cuda_kernels [--config configs/cuda_kernels.yaml] [--set key=value ...]
@@ -65,6 +66,14 @@ struct Timer {
     return out;
   }
 };
+
+// Median milliseconds of PyTorch's CPU op: one warm-up call, then up to 3 calls; NaN (a "-") when the
+// tensor is larger than bench.cpu_max_elements.
+double cpu_ms(const BenchConfig& bench, int64_t elements, const std::function<void()>& work) {
+  if (elements > bench.cpu_max_elements) return NAN;
+  work();
+  return amplab::quantile(amplab::time_back_to_back(work, torch::kCPU, 1, std::min(bench.repeats, 3)), 0.5);
+}
 
 // The cost model is TODO 1: until it is filled, no GB/s, TFLOP/s or roofline from it.
 std::optional<ck::Cost> cost(const std::function<ck::Cost()>& of) {
@@ -168,10 +177,13 @@ void part_elementwise(Lab& lab, const Timer& timer, Plots& plots) {
   const torch::Tensor want = a + b;
   const auto costs = cost([&] { return ck::vector_add_cost(n); });
   auto& table = lab.results.table("elementwise", {{"kernel", "kernel"}, {"ms", "ms", decimals(4)}, {"gbs", "GB/s", decimals(0)},
-                                                  {"percent_of_copy", "% of copy", decimals(1)}, {"check", "check"}});
+                                                  {"percent_of_copy", "% of copy", decimals(1)}, {"cpu_ms", "CPU torch add ms", decimals(2)},
+                                                  {"speedup_vs_cpu", "GPU speed-up over CPU", amplab::times(1)}, {"check", "check"}});
+  torch::Tensor a_cpu = a.cpu(), b_cpu = b.cpu(), c_cpu = torch::empty_like(a_cpu);
+  const double add_cpu_ms = cpu_ms(lab.config.bench, n, [&] { torch::add_out(c_cpu, a_cpu, b_cpu); });
   auto row = [&](const std::string& name, const Outcome& o, double moved, bool ours) {
-    const double gbs = moved / (o.ms * 1e6);
-    table.add({name, o.time(), gbs, 100 * gbs / plots.copy_gbs, o.checked()});
+    const double gbs = moved / (o.ms * 1e6), cpu = name == "device copy (torch)" ? NAN : add_cpu_ms;
+    table.add({name, o.time(), gbs, 100 * gbs / plots.copy_gbs, cpu, cpu / o.ms, o.checked()});
     plots.gbs("add", name, gbs, ours);
   };
   row("device copy (torch)", {timer.ms([&] { c.copy_(a); }), "", "-"}, 8.0 * n, false);
@@ -229,7 +241,9 @@ void part_convolution(Lab& lab, const Timer& timer, Plots& plots) {
                           .contiguous();
   auto& table = lab.results.table("convolution", {{"filter", "filter"}, {"kernel", "kernel"}, {"ms", "ms", decimals(4)},
                                                   {"gbs", "GB/s", decimals(0)}, {"vs_torch", "vs torch conv2d", amplab::times(1)},
-                                                  {"check", "check"}});
+                                                  {"cpu_ms", "CPU conv2d ms", decimals(2)},
+                                                  {"speedup_vs_cpu", "GPU speed-up over CPU", amplab::times(1)}, {"check", "check"}});
+  const torch::Tensor big_cpu = big.cpu().view({1, 1, s, s});
   std::set<int64_t> on_roofline;  // filter sizes with a point on the roofline (the first filter of each)
   for (const auto& name : lab.config.convolution.filters) {
     torch::Tensor filter = filter_named(name).to(timer.device);
@@ -243,11 +257,14 @@ void part_convolution(Lab& lab, const Timer& timer, Plots& plots) {
     const auto costs = cost([&] { return ck::conv2d_cost(s, s, k / 2); });
     const double bytes = costs ? costs->bytes : NAN;
     const double torch_ms = timer.ms([&] { torch_conv(); });
-    table.add({name, "torch conv2d", torch_ms, bytes / (torch_ms * 1e6), 1.0, "-"});
+    const torch::Tensor filter_cpu = filter.cpu().view({1, 1, k, k});
+    const double conv_cpu_ms = cpu_ms(lab.config.bench, s * s, [&] { torch::conv2d(big_cpu, filter_cpu, {}, 1, k / 2); });
+    table.add({name, "torch conv2d", torch_ms, bytes / (torch_ms * 1e6), 1.0, conv_cpu_ms, conv_cpu_ms / torch_ms, "-"});
     for (auto version : {ck::ConvVersion::naive, ck::ConvVersion::tiled}) {
       const Outcome o = timer.kernel([&] { return error_check(ck::conv2d(big, filter, version), want, 1e-5); },
                                    [&] { ck::conv2d(big, filter, version); });
-      table.add({name, ck::name(version), o.time(), bytes / (o.ms * 1e6), torch_ms / o.ms, o.checked()});
+      table.add({name, ck::name(version), o.time(), bytes / (o.ms * 1e6), torch_ms / o.ms, conv_cpu_ms, conv_cpu_ms / o.ms,
+                 o.checked()});
       if (costs && version == ck::ConvVersion::tiled && std::isfinite(o.ms) && on_roofline.insert(k).second) {
         plots.point("convolution", "tiled " + std::to_string(k) + "x" + std::to_string(k), costs, o.ms);
         plots.gbs("conv " + name, "tiled", bytes / (o.ms * 1e6), true);
@@ -263,13 +280,16 @@ void part_matmul(Lab& lab, const Timer& timer, Plots& plots) {
   auto options = torch::TensorOptions().device(timer.device);
   auto& table = lab.results.table("matmul", {{"n", "n", decimals(0)}, {"kernel", "kernel"}, {"ms", "ms", decimals(3)},
                                              {"tflops", "TFLOP/s", decimals(1)}, {"percent_of_cublas", "% of cuBLAS", decimals(1)},
-                                             {"check", "check"}});
+                                             {"cpu_ms", "CPU fp32 mm ms", decimals(1)},
+                                             {"speedup_vs_cpu", "GPU speed-up over CPU", amplab::times(1)}, {"check", "check"}});
   const int64_t largest = *std::max_element(mm.sizes.begin(), mm.sizes.end());
   for (int64_t n : mm.sizes) {
     const double flops = 2.0 * n * n * n;
     // A row of the table, and the point on the roofline at the largest size.
+    double mm_cpu_ms = NAN;  // torch::mm on the CPU in fp32; the bf16 rows have none
     auto row = [&](const std::string& kernel, const std::string& on_roofline, const Outcome& o, double cublas_ms, int element_bytes) {
-      table.add({n, kernel, o.time(), flops / (o.ms * 1e9), 100 * cublas_ms / o.ms, o.checked()});
+      const double cpu = element_bytes == 4 ? mm_cpu_ms : NAN;
+      table.add({n, kernel, o.time(), flops / (o.ms * 1e9), 100 * cublas_ms / o.ms, cpu, cpu / o.ms, o.checked()});
       if (n == largest)
         plots.point(element_bytes == 2 ? "matmul bf16" : "matmul", on_roofline, cost([&] { return ck::matmul_cost(n, n, n, element_bytes); }), o.ms);
     };
@@ -279,6 +299,10 @@ void part_matmul(Lab& lab, const Timer& timer, Plots& plots) {
       amplab::Tf32Guard fp32(false);  // cuBLAS in true fp32, as our kernels
       want = torch::mm(a, b);
       cublas_ms = timer.ms([&] { torch::mm(a, b); });
+    }
+    {
+      torch::Tensor a_cpu = a.cpu(), b_cpu = b.cpu();
+      mm_cpu_ms = cpu_ms(lab.config.bench, n * n, [&] { torch::mm(a_cpu, b_cpu); });
     }
     plots.fp32_peak = std::max(plots.fp32_peak, flops / (cublas_ms * 1e9));
     row("cuBLAS fp32 (TF32 off)", "cuBLAS fp32", {cublas_ms, "", "-"}, cublas_ms, 4);

@@ -16,6 +16,7 @@ inline const std::vector<std::string> kFilters = {"blur3", "sharpen3", "edge3", 
 struct BenchConfig {
   std::vector<std::string> parts = kParts;
   int warmup = 3, repeats = 10, window = 5, threads = 256;
+  int64_t cpu_max_elements = 100'000'000;
   bool plots = true;
   template <class V>
   void fields(V& v) {
@@ -25,6 +26,10 @@ struct BenchConfig {
     v.field("window", window, "calls back to back per timed window", amplab::Range<int64_t>::at_least(1));
     v.field("threads", threads, "threads per block, element-wise and reduction (a power of two)",
             amplab::Range<int64_t>::between(32, 1024));
+    v.field("cpu_max_elements", cpu_max_elements,
+            "largest tensor (elements) PyTorch's CPU op is timed on for the CPU columns of element-wise, convolution "
+            "and matmul (same sizes as the GPU; a larger size shows '-'; 0: no CPU timing)",
+            amplab::Range<int64_t>::at_least(0));
     v.field("plots", plots, "draw roofline.png and bandwidth.png");
   }
 };
