@@ -21,7 +21,7 @@ namespace detail {
 torch::Device start_run(const RunConfig& run, const std::string& title) {
   apply_run_settings(run);
   torch::Device device = resolve_device(run.device);
-  std::cout << "== " << title << ", on " << describe(device) << " ==\n" << std::flush;
+  log::info("== " + title + ", on " + describe(device) + " ==");
   return device;
 }
 
