@@ -42,7 +42,7 @@ std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDi
 }
 
 void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
-                GpuTimeline* gpu_timeline) {
+                GpuTimeline* gpu_timeline, bool succeeded) {
   if (!run.enabled()) return;
   if (gpu_timeline) {
     gpu_timeline->stop();
@@ -52,9 +52,9 @@ void finish_run(const RunConfig& config, const RunDir& run, Results& results, co
   results.write(run);
   std::cout << std::flush;  // before the plot script writes to the same stream
   if (!plot_kind.empty()) make_plots(plot_kind, run);
-  if (gpu_timeline) make_plots("gpu_monitor", run);
+  if (gpu_timeline && succeeded) make_plots("gpu_monitor", run);
   write_report(run);
-  std::cout << "\nresults: " << run.path() << "/\n";
+  if (succeeded) std::cout << "\nresults: " << run.path() << "/\n";
 }
 
 int run_body(const std::function<int()>& body, const std::string& size_keys) {

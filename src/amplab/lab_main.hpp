@@ -59,8 +59,10 @@ namespace detail {
 torch::Device start_run(const RunConfig& run, const std::string& title);
 // The GPU timeline and the allocator's history, as run.gpu_monitor and run.memory_snapshot ask.
 std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDir& run, torch::Device device);
+// A run that failed (`succeeded` false) keeps its results and report but draws no plots and
+// prints nothing after its error line.
 void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
-                GpuTimeline* gpu_timeline);
+                GpuTimeline* gpu_timeline, bool succeeded);
 // Runs `body`; running out of memory becomes one line naming `size_keys`.
 int run_body(const std::function<int()>& body, const std::string& size_keys);
 }  // namespace detail
@@ -107,7 +109,8 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     auto gpu_timeline = detail::start_watching(config.run, run, device);
     Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline)};
     const int code = detail::run_body([&] { return body(lab); }, info.size_keys);
-    detail::finish_run(lab.config.run, lab.run, lab.results, lab.plot_kind, lab.gpu_timeline.get());
+    detail::finish_run(lab.config.run, lab.run, lab.results, code == kExitOk ? lab.plot_kind : "", lab.gpu_timeline.get(),
+                       code == kExitOk);
     return code;
   });
 }

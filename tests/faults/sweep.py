@@ -653,7 +653,7 @@ def profile_cases(bindir, out_root):
         rc, out, _ = run(cmd, 300)
         if rc != 0:
             return ("hang" if rc is None else "crash" if crashed(rc, out) else "unclear"), f"exit {rc}", " ".join(cmd)
-        heading = next((line for line in out.splitlines() if line.startswith("Where a step's time goes")), "")
+        heading = next((line for line in out.splitlines() if line.lstrip("= ").startswith("Where a step's time goes")), "")
         if "30 steps" in out or "cpu 3;" not in heading:
             return "wrong", f"the profile's sample as stated: {heading[:160]!r}", " ".join(cmd)
         return "ok", heading[:120], " ".join(cmd)
