@@ -23,60 +23,14 @@
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/step_profile.hpp"
+#include "config.hpp"
 #include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "prefetch.hpp"
 
 namespace {
 
-struct MnistLabConfig {
-  std::vector<std::string> modes = {"cpu", "gpu", "gpu-amp"};
-  std::vector<std::string> amp_precisions = {"fp16-mixed", "bf16-mixed"};
-  std::string loader = "resident";
-  bool channels_last = true;
-  int64_t eval_batch_size = 1000;
-  bool plots = true;
-  int profile_steps = 30;
-  std::string init_weights;
-
-  template <class V>
-  void fields(V& v) {
-    v.field("modes", modes, "modes to run, in order (the cpu mode trains with the config's cpu: values)",
-            {"cpu", "gpu", "gpu-amp"});
-    v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode, one run each", {"fp16-mixed", "bf16-mixed"});
-    v.field("loader", loader,
-            "training batches: resident (the whole set on the device) or prefetch (host batches through your prefetcher)",
-            [](const std::string& value) -> std::string {
-              return value == "resident" || value == "prefetch" ? "" : "expected resident or prefetch";
-            });
-    v.field("channels_last", channels_last, "GPU modes: NHWC images and activations (faster convolutions)");
-    v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));
-    v.field("plots", plots, "write PNG plots into the run directory (needs matplotlib)");
-    v.field("profile_steps", profile_steps, "steps of the per-phase profile after each mode's training (0: none)",
-            amplab::Range<int64_t>::between(0, 10000));
-    v.field("init_weights", init_weights,
-            "safetensors file to start every mode from, e.g. a model-*.safetensors or one Python wrote (empty: the seed's weights)",
-            amplab::check_path_value);
-  }
-};
-
-struct MnistConfig {
-  amplab::RunConfig run;
-  amplab::DataConfig data;
-  amplab::TrainConfig train;
-  amplab::CheckpointConfig checkpoint;
-  amplab::MemoryConfig memory;
-  MnistLabConfig mnist;
-  template <class V>
-  void fields(V& v) {
-    v.section("run", run);
-    v.section("data", data);
-    v.section("train", train);
-    v.section("checkpoint", checkpoint);
-    v.section("memory", memory);
-    v.section("mnist", mnist);
-  }
-};
+using mnist::MnistConfig;
 using Lab = amplab::Lab<MnistConfig>;
 
 // A run that stopped early (Ctrl-C, divergence, out of memory): ends the benchmark.
@@ -85,35 +39,15 @@ struct StopRun {
   std::string message;
 };
 
-nlohmann::json to_json(const mnist::ModeResult& r) {
-  return {{"mode", r.mode},
-          {"ran", r.ran},
-          {"skipped_because", r.skipped_because},
-          {"epoch_seconds", r.epoch_seconds},
-          {"train_loss", r.train_loss},
-          {"test_accuracy", r.test_accuracy},
-          {"seconds_per_epoch", r.seconds_per_epoch},
-          {"samples_per_second", r.samples_per_second},
-          {"speedup_vs_cpu", r.speedup_vs_cpu},
-          {"memory", {{"forward_mib", r.memory.forward_mib}, {"backward_mib", r.memory.backward_mib},
-                      {"optimizer_mib", r.memory.optimizer_mib}, {"peak_mib", r.memory.peak_mib},
-                      {"source", r.memory.source}}}};
-}
+}  // namespace
 
-mnist::ModeResult from_json(const nlohmann::json& j) {
-  mnist::ModeResult r;
-  r.mode = j.at("mode");
-  r.ran = j.at("ran");
-  r.skipped_because = j.at("skipped_because");
-  r.epoch_seconds = j.at("epoch_seconds").get<std::vector<double>>();
-  r.train_loss = j.at("train_loss").get<std::vector<double>>();
-  r.test_accuracy = j.at("test_accuracy").get<std::vector<double>>();
-  r.seconds_per_epoch = j.at("seconds_per_epoch");
-  r.samples_per_second = j.at("samples_per_second");
-  const auto& m = j.at("memory");
-  r.memory = {m.at("forward_mib"), m.at("backward_mib"), m.at("optimizer_mib"), m.at("peak_mib"), m.at("source")};
-  return r;
-}
+namespace mnist {  // a mode's result in summary.json and in a checkpoint (the modes finished before it)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryUse, forward_mib, backward_mib, optimizer_mib, peak_mib, source)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModeResult, mode, ran, skipped_because, epoch_seconds, train_loss, test_accuracy,
+                                   seconds_per_epoch, samples_per_second, speedup_vs_cpu, memory)
+}  // namespace mnist
+
+namespace {
 
 // mnist.init_weights into `net` (on any device), or an amplab::Error of one line naming the key,
 // the file and what does not fit.
@@ -135,9 +69,15 @@ std::optional<int> check_config(const MnistConfig& config, const amplab::ConfigS
   amplab::check_fast_path(config.train.fast_path, config.train.optimizer);  // before the cpu mode trains
   if (config.mnist.modes.empty())
     throw amplab::Error("mnist.modes is empty: list at least one of cpu, gpu, gpu-amp (e.g. --set mnist.modes=[cpu])");
-  if (std::find(config.mnist.modes.begin(), config.mnist.modes.end(), "gpu-amp") != config.mnist.modes.end() &&
-      config.mnist.amp_precisions.empty())
+  const bool amp = std::ranges::find(config.mnist.modes, "gpu-amp") != config.mnist.modes.end();
+  if (amp && config.mnist.amp_precisions.empty())
     throw amplab::Error("mnist.amp_precisions is empty but mnist.modes has gpu-amp: list fp16-mixed and/or bf16-mixed");
+  // The modes' precisions, checked once here under their key: train_config_for and the Trainer
+  // then never meet one this GPU cannot run (without a GPU the gpu-amp modes are skipped).
+  for (const auto& name : amp && amplab::cuda_available() ? config.mnist.amp_precisions : std::vector<std::string>{})
+    if (std::string why; !amplab::is_supported(amplab::enum_from_string<amplab::Precision>(name, "mnist.amp_precisions"),
+                                               torch::kCUDA, &why))
+      throw amplab::Error(source.where("mnist.amp_precisions") + ": mnist.amp_precisions: " + why);
   if (!config.mnist.init_weights.empty()) {
     mnist::Net probe;  // the file against the network
     load_init_weights(probe, config.mnist.init_weights);
@@ -184,7 +124,7 @@ class ModeRunner {
       throw amplab::Error("--resume: checkpoint '" + resume_.path + "' is from mode '" + resume_mode_ +
                           "', which mnist.modes does not include");
     if (!resume_.info.extra_json.empty())
-      for (const auto& j : nlohmann::json::parse(resume_.info.extra_json)) finished_.push_back(from_json(j));
+      for (const auto& j : nlohmann::json::parse(resume_.info.extra_json)) finished_.push_back(j.get<mnist::ModeResult>());
   }
 
   mnist::ModeResult run(const mnist::Mode& mode);
@@ -224,7 +164,7 @@ amplab::FitOptions ModeRunner::fit_options(const mnist::Mode& mode, bool resumin
   options.force_resume = lab_.cli.force;
   options.epochs_key = "train.epochs";  // the cpu mode's value comes from the cpu: section or --set
   nlohmann::json done = nlohmann::json::array();
-  for (const auto& r : finished_) done.push_back(to_json(r));
+  for (const auto& r : finished_) done.push_back(r);
   options.checkpoint_extra = done.dump();
   return options;
 }
@@ -324,7 +264,7 @@ void record_modes(Lab& lab, const std::vector<mnist::ModeResult>& results, const
                   {"skipped_because", ""}});
   nlohmann::json summary_modes = nlohmann::json::array();
   for (const auto& r : results) {
-    summary_modes.push_back(to_json(r));
+    summary_modes.push_back(r);
     for (const auto& m : modes)  // the path the mode ran: train_config_for sets it per mode
       if (r.ran && m.label() == r.mode) summary_modes.back()["fast_path"] = mnist::train_config_for(m, lab.config.train).fast_path;
     if (!r.ran) {
