@@ -6,11 +6,6 @@
 #include <torch/torch.h>
 
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
-#ifdef AMPLAB_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <cuda_runtime_api.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -24,21 +19,19 @@
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
+#include "amplab/measure/peak.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/models/deep_narrow.hpp"
-#include "amplab/models/models.hpp"
-#include "amplab/models/small_cnn.hpp"
-#include "amplab/models/wide_mlp.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
 #include "mechanisms.hpp"
+#include "workloads.hpp"
 
 namespace {
 
 using amp_training::AmpConfig;
-using amp_training::CnnConfig;
-using amp_training::MlpConfig;
+using amp_training::Workload;
 using amplab::Precision;
 using json = nlohmann::json;
 
@@ -60,119 +53,15 @@ std::optional<int> require_mlp_memory(const AmpConfig& config, const amplab::Con
   return {};
 }
 
-// A model, its data and its loss, on the device; `initial` keeps the starting parameters on the
-// host so that every precision starts from the same weights.
-struct Workload {
-  std::string name, shape;  // shape: for the header lines
-  std::shared_ptr<torch::nn::Module> model;
-  std::vector<torch::Tensor> initial;
-  amplab::Batch batch;  // one fixed, device-resident batch: the data path is not what is measured
-  amplab::LossFn loss_fn;
-  double flops_per_step = 0;  // 0: not counted
-  void reset() {
-    torch::NoGradGuard no_grad;
-    auto params = model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(initial[i]);
-  }
-};
-
-void make_mlp_workload(Workload& w, const MlpConfig& c, torch::Device device) {
-  amplab::WideMlp net(c.width, c.layers);
-  w.model = net.ptr();
-  w.batch = {torch::randn({c.batch, c.width}, device), torch::randn({c.batch, c.width}, device)};
-  // The benchmark times the step, so its loss is the cheapest that trains every layer: the sum
-  // of the outputs over the batch size, read once and accumulated in fp32 with autocast off
-  // (under autocast a reduction first writes an fp32 copy of the whole (B, width) output, and a
-  // squared error against a target reads another 256 MiB). dL/dy = 1/B stays in fp16's normal
-  // range. The Python reference (bench/mlp_step_parts.py) times the same loss.
-  w.loss_fn = [net, batch = c.batch, device](const amplab::Batch& b) mutable {
-    torch::Tensor out = net->forward(b.input);
-    amplab::AutocastGuard off(device.type(), at::autocast::get_autocast_dtype(device.type()), /*enabled=*/false);
-    return out.sum(torch::kFloat32) / static_cast<double>(batch);
-  };
-  w.flops_per_step = amplab::wide_mlp_step_flops(c.batch, c.width, c.layers);
-  w.shape = std::to_string(c.layers) + " x Linear(" + std::to_string(c.width) + ", " + std::to_string(c.width) +
-            "), batch " + std::to_string(c.batch);
-}
-
-void make_cnn_workload(Workload& w, const CnnConfig& c, torch::Device device) {
-  amplab::SmallCnn net(c.channels, c.classes);
-  w.model = net.ptr();
-  auto images = torch::randn({c.batch, 3, c.image_size, c.image_size}, device);
-  if (c.channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);
-  w.batch = {images, torch::randint(0, c.classes, {c.batch}, torch::TensorOptions().dtype(torch::kInt64).device(device))};
-  w.loss_fn = [net](const amplab::Batch& b) mutable {
-    return torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
-  };
-  w.shape = "3 conv (" + std::to_string(c.channels) + "-" + std::to_string(4 * c.channels) + " channels) + Linear, " +
-            std::to_string(c.image_size) + "x" + std::to_string(c.image_size) + " images, batch " + std::to_string(c.batch) +
-            (c.channels_last ? ", channels-last" : "");
-  if (c.channels_last) {
-    net->to(device);
-    amplab::to_channels_last(*net);
-  }
-}
-
-Workload make_workload(const std::string& name, const AmpLab& lab, uint64_t seed) {
-  torch::manual_seed(seed);
-  Workload w;
-  w.name = name;
-  if (name == "mlp") make_mlp_workload(w, lab.config.amp.mlp, lab.device);
-  else make_cnn_workload(w, lab.config.amp.cnn, lab.device);
-  for (const auto& p : w.model->parameters()) w.initial.push_back(p.detach().to(torch::kCPU).clone());
-  w.model->to(lab.device);
-  return w;
-}
-
-// Throughput of a bf16 n x n x n matmul (TFLOP/s, median over windows): the ceiling the MLP's
-// TFLOP/s are compared with. On a GPU the first timing has 200 untimed matmuls first (about
-// 0.3 s on an H100/H200), so that a GPU that just woke up has reached its clocks; a cold peak
-// would put the MLP above 100% of it.
+// Throughput of a bf16 n x n x n matmul as large as the MLP's: the ceiling the MLP's TFLOP/s are
+// compared with. On a GPU the first timing has 200 untimed matmuls first (about 0.3 s on an
+// H100/H200), so that a GPU that just woke up has reached its clocks; a cold peak would put the
+// MLP above 100% of it.
 double matmul_peak_tflops(const AmpLab& lab, bool first) {
   const auto& bench = lab.config.amp.bench;
-  const int64_t n = bench.peak_n;
   const int warmup = lab.on_cpu() ? 1 : first ? std::max(bench.warmup, 200) : bench.warmup;
-  torch::NoGradGuard no_grad;
-  auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(lab.device);
-  torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options), c = torch::empty({n, n}, options);
-  for (int i = 0; i < warmup; ++i) at::mm_out(c, a, b);
-  auto ms = amplab::time_back_to_back([&] { at::mm_out(c, a, b); }, lab.device, lab.on_cpu() ? 1 : bench.window,
-                                      lab.on_cpu() ? 3 : bench.repeats);  // ms per matmul
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
-         (amplab::summarize(ms).median * 1e9);
-}
-
-// The tensor cores' dense bf16 peak at the GPU's highest SM clock: SMs x clock x FLOP per clock
-// per SM. A bound no kernel can beat, unlike a timed matmul: a loop of big bf16 matmuls draws the
-// card's whole power limit (700 W on an H200), which holds its clock below the maximum, while a
-// training step's other kernels let the clock rise, so the step's matmuls can run faster than
-// the loop's (measured on an H200: the MLP at 763 TFLOP/s, the 8192^3 loop at 709).
-struct TensorCorePeak {
-  double tflops = 0;  // 0: an architecture not listed below
-  int sms = 0;
-  double max_mhz = 0;
-  int flops_per_clock = 0;  // dense bf16 FLOP per clock per SM
-};
-
-TensorCorePeak tensor_core_peak(torch::Device device) {
-  TensorCorePeak peak;
-#ifdef AMPLAB_WITH_CUDA
-  if (!device.is_cuda()) return peak;
-  int index = device.has_index() ? device.index() : 0;
-  const auto* props = at::cuda::getDeviceProperties(index);
-  // Dense bf16 with fp32 accumulation, from NVIDIA's datasheets divided by SMs x boost clock:
-  // A100 312 TFLOP/s = 108 x 1.41 GHz x 2048; H100/H200 989 = 132 x 1.83 GHz x 4096; B200 8192.
-  if (props->major == 8 && props->minor == 0) peak.flops_per_clock = 2048;
-  if (props->major == 9 && props->minor == 0) peak.flops_per_clock = 4096;
-  if (props->major == 10 && props->minor == 0) peak.flops_per_clock = 8192;
-  int khz = 0;
-  if (peak.flops_per_clock == 0 || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, index) != cudaSuccess || khz <= 0)
-    return TensorCorePeak{};
-  peak.sms = props->multiProcessorCount;
-  peak.max_mhz = khz / 1000.0;
-  peak.tflops = static_cast<double>(peak.sms) * khz * 1e3 * peak.flops_per_clock / 1e12;
-#endif
-  return peak;
+  return amplab::bf16_matmul_tflops(bench.peak_n, lab.device, warmup, lab.on_cpu() ? 1 : bench.window,
+                                    lab.on_cpu() ? 3 : bench.repeats);
 }
 
 // The peak again, now that the GPU has run for a while at its working clocks: the best of the
@@ -184,7 +73,7 @@ double settle_peak(AmpLab& lab, double cold) {
   const double after = matmul_peak_tflops(lab, /*first=*/false), matmul = std::max(cold, after);
   std::cout << "bf16 " << lab.config.amp.bench.peak_n << "^3 matmul after the runs: " << amplab::fixed(after, decimals)
             << " TFLOP/s; the best of the two is the peak\n";
-  const TensorCorePeak tc = tensor_core_peak(lab.device);
+  const amplab::TensorCorePeak tc = amplab::tensor_core_peak(lab.device);
   if (tc.tflops > 0) {
     std::cout << "tensor-core peak, dense bf16: " << tc.sms << " SMs x " << amplab::fixed(tc.max_mhz, 0) << " MHz x "
               << tc.flops_per_clock << " FLOP/clock = " << amplab::fixed(tc.tflops, 1) << " TFLOP/s; the matmul loop reached "
@@ -262,7 +151,7 @@ std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::str
   std::vector<PrecisionResult> rows;
   json models;
   for (const auto& model_name : amp.models) {
-    Workload w = make_workload(model_name, lab, seed);
+    Workload w = amp_training::make_workload(model_name, amp, lab.device, seed);
     models[model_name] = w.shape;
     shapes += model_name + ": " + w.shape + "\n";
     amplab::log::info(model_name + ": " + w.shape);
