@@ -232,26 +232,11 @@ void attention_study(Lab& lab, Setting s) {
 
 // ---- The FP8 MLP and matmul tables (GPU) ----------------------------------------------------------
 
-// forward + backward of 4 x Linear(8192) at 8192 rows under bf16 autocast, with torch's linears or
-// your FP8 ones (dynamic scaling): ms per step.
-double mlp_ms(torch::Device device, tf8::LinearKind kind) {
-  torch::manual_seed(0);
-  std::vector<tf8::Float8Linear> linears;
-  for (int i = 0; i < 4; ++i) {
-    linears.emplace_back(8192, 8192, kind, tf8::Fp8Scaling::dynamic, 1);
-    linears.back()->to(device);
-  }
-  torch::Tensor x = torch::randn({8192, 8192}, torch::TensorOptions().device(device));
-  auto step = [&] {
-    torch::Tensor y = x;
-    {
-      amplab::AutocastGuard autocast(device, Precision::bf16_mixed);
-      for (auto& l : linears) y = torch::relu(l(y));
-    }
-    y.to(torch::kFloat32).mean().backward();
-  };
-  for (int i = 0; i < 3; ++i) step();
-  return amplab::summarize(amplab::time_back_to_back(step, device, 10, 3)).median;
+// ms per forward + backward of the lab's speed MLP (4 x Linear(8192), batch 8192, bf16 autocast).
+double mlp_ms(torch::Device device, tf8::LinearKind kind, tf8::Fp8Scaling scaling = tf8::Fp8Scaling::dynamic) {
+  tf8::SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
+  for (int i = 0; i < 3; ++i) mlp.step();
+  return amplab::summarize(amplab::time_back_to_back([&] { mlp.step(); }, device, 10, 3)).median;
 }
 
 // One (m, k, n) matmul's TFLOP/s: bf16 torch::mm against e4m3 _scaled_mm, tensorwise and rowwise
@@ -284,11 +269,14 @@ void matmul_row(amplab::ResultTable& table, torch::Device device, int64_t m, int
 // qkv projection (64 x 256 tokens, 384 -> 1152).
 void fp8_tables(Lab& lab) {
   const double flops = 6.0 * 8192 * 8192.0 * 8192 * 4;  // 6 x batch x width^2 per layer
-  const double bf16_ms = mlp_ms(lab.device, tf8::LinearKind::plain), fp8_ms = mlp_ms(lab.device, tf8::LinearKind::fp8);
+  const double bf16_ms = mlp_ms(lab.device, tf8::LinearKind::plain);
+  const double dynamic_ms = mlp_ms(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::dynamic);
+  const double delayed_ms = mlp_ms(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::delayed);
   lab.results.table("fp8_mlp", {{"name", "4 x Linear(8192), batch 8192"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
                                 {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)}})
       .add({"bf16 (autocast)", bf16_ms, flops / bf16_ms / 1e9, 1.0})
-      .add({"fp8 (your fp8_linear, dynamic)", fp8_ms, flops / fp8_ms / 1e9, bf16_ms / fp8_ms});
+      .add({"fp8 (your fp8_linear, dynamic)", dynamic_ms, flops / dynamic_ms / 1e9, bf16_ms / dynamic_ms})
+      .add({"fp8 (your fp8_linear, delayed)", delayed_ms, flops / delayed_ms / 1e9, bf16_ms / delayed_ms});
   lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer)");
   auto& matmuls = lab.results.table("fp8_matmul", {{"shape", "m x k x n"}, {"bf16_tflops", "bf16 TFLOP/s", amplab::decimals(0)},
                                                    {"fp8_tflops", "fp8 tensorwise TFLOP/s", amplab::decimals(0)},

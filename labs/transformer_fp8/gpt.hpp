@@ -96,6 +96,20 @@ class GptImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// The MLP of the lab's FP8 speed table (given): `layers` x Float8Linear(width, width) with ReLU
+// between, fp32 weights (the master copy), and one training step's forward and backward of a
+// (batch, width) input under bf16 autocast. LinearKind::plain is torch's linear (bf16 matmuls).
+class SpeedMlp {
+ public:
+  SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device);
+  void step();  // forward + backward; the weights' gradients accumulate (only steps are timed)
+
+ private:
+  std::vector<Float8Linear> layers_;
+  torch::Tensor x_;
+  torch::Device device_;
+};
+
 // Continues `prompt` (1, T0) by `tokens` sampled tokens (temperature, top-k), in eval mode.
 torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t tokens, double temperature, int64_t top_k);
 

@@ -56,6 +56,21 @@ inline torch::Tensor from_fp8(const torch::Tensor& data, const torch::Tensor& sc
   return (data.to(torch::kFloat32) / scale).to(dtype);
 }
 
+// ---- Casts that cost one pass (TODO 7, the stretch) ---------------------------------------------
+
+// Given: TODO 3's abs_max and to_fp8 on your kernels (fp8_kernels.hpp): x a CUDA tensor of
+// float32, bf16 or fp16 (any layout: a non-contiguous x is copied first), scale a 0-dim float32
+// tensor on x's device. The same results as abs_max and to_fp8, bit for bit.
+torch::Tensor abs_max_fast(const torch::Tensor& x);
+torch::Tensor to_fp8_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format);
+
+// Given: what the FP8 linear layer (TODO 4 and the GPT's Float8Linear) measures and casts with.
+// On a GPU, once your TODO 7 kernels are done and give what your abs_max and to_fp8 give on a
+// probe tensor (checked once per process, and the log says which path it took), abs_max_fast and
+// to_fp8_fast; otherwise abs_max and to_fp8.
+torch::Tensor amax_for_cast(const torch::Tensor& x);
+torch::Tensor cast_to_fp8(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format);
+
 // TODO(transformer_fp8-4): y = x w^T with both operands in e4m3, on torch's FP8 matmul
 // (at::_scaled_mm), as an autograd function: backward casts the output gradient to e5m2 and
 // computes the input and weight gradients with two more FP8 matmuls.

@@ -16,6 +16,7 @@
 #include "amplab/infra/env.hpp"
 #include "amplab/infra/error.hpp"
 #include "amplab/infra/files.hpp"
+#include "amplab/train/precision.hpp"
 
 namespace transformer_fp8 {
 
@@ -57,7 +58,7 @@ torch::Tensor Float8LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor x_scale, w_scale;
   {
     torch::NoGradGuard no_grad;  // scales are constants to autograd
-    torch::Tensor x_amax = abs_max(flat), w_amax = abs_max(weight);
+    torch::Tensor x_amax = amax_for_cast(flat), w_amax = amax_for_cast(weight);
     if (scaling_ == Fp8Scaling::dynamic) {
       x_scale = scale_from_amax(x_amax, Fp8Format::e4m3);
       w_scale = scale_from_amax(w_amax, Fp8Format::e4m3);
@@ -236,6 +237,26 @@ std::pair<torch::Tensor, torch::Tensor> CharData::batch(const torch::Tensor& spl
   torch::Tensor index = starts + torch::arange(block + 1, torch::kInt64);                    // (B, T + 1)
   torch::Tensor windows = split.index({index}).to(device);
   return {windows.slice(1, 0, block), windows.slice(1, 1)};
+}
+
+SpeedMlp::SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling,
+                   torch::Device device)
+    : device_(device) {
+  torch::manual_seed(0);
+  for (int64_t i = 0; i < layers; ++i) {
+    layers_.emplace_back(width, width, kind, scaling, /*history=*/16);
+    layers_.back()->to(device);
+  }
+  x_ = torch::randn({batch, width}, torch::TensorOptions().device(device));
+}
+
+void SpeedMlp::step() {
+  torch::Tensor y = x_;
+  {
+    amplab::AutocastGuard autocast(device_.type(), torch::kBFloat16);
+    for (auto& layer : layers_) y = torch::relu(layer(y));
+  }
+  y.to(torch::kFloat32).mean().backward();
 }
 
 }  // namespace transformer_fp8

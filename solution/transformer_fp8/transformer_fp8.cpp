@@ -95,9 +95,10 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                                                torch::autograd::tensor_list grad_outputs);
 };
 
-// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (to_fp8), keep
-// the fp8 tensors and scales for backward (ctx->save_for_backward: half the bytes of bf16, which
-// is part of what FP8 saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
+// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (cast_to_fp8:
+// your to_fp8, or your TODO 7 kernel on a GPU once it is done), keep the fp8 tensors and scales
+// for backward (ctx->save_for_backward: half the bytes of bf16, which is part of what FP8
+// saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
 // out_dtype=x's dtype).
 // Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
 // accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
@@ -107,8 +108,8 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
                                          const torch::Tensor& weight, const torch::Tensor& x_scale,
                                          const torch::Tensor& w_scale) {
   // BEGIN SOLUTION
-  torch::Tensor x8 = to_fp8(x, x_scale, Fp8Format::e4m3);       // (N, in)
-  torch::Tensor w8 = to_fp8(weight, w_scale, Fp8Format::e4m3);  // (out, in)
+  torch::Tensor x8 = cast_to_fp8(x, x_scale, Fp8Format::e4m3);       // (N, in)
+  torch::Tensor w8 = cast_to_fp8(weight, w_scale, Fp8Format::e4m3);  // (out, in)
   torch::Tensor x_inv = x_scale.to(torch::kFloat32).reciprocal(), w_inv = w_scale.to(torch::kFloat32).reciprocal();
   ctx->save_for_backward({x8, w8, x_inv, w_inv});
   ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -118,7 +119,8 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 }
 
 // TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
-// scale (amax -> scale -> to_fp8: gradients need e5m2's range more than e4m3's precision):
+// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8: gradients need e5m2's range more than
+// e4m3's precision):
 //   dL/dx = g w       (N, out) x (out, in), in x's dtype
 //   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
 // Each on _scaled_mm: the first operand row-major (g^T: transpose, then make it contiguous), the
@@ -136,8 +138,8 @@ torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::Autogr
   auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
   auto w_dtype = static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt());
   torch::Tensor g = grad_outputs[0].contiguous();  // (N, out)
-  torch::Tensor g_scale = scale_from_amax(abs_max(g), Fp8Format::e5m2);
-  torch::Tensor g8 = to_fp8(g, g_scale, Fp8Format::e5m2);
+  torch::Tensor g_scale = scale_from_amax(amax_for_cast(g), Fp8Format::e5m2);
+  torch::Tensor g8 = cast_to_fp8(g, g_scale, Fp8Format::e5m2);
   torch::Tensor g_inv = g_scale.reciprocal();
   torch::Tensor column_major_w = w8.t().contiguous().t();  // (out, in), column-major
   torch::Tensor dx = at::_scaled_mm(g8, column_major_w, g_inv, w_inv, {}, {}, x_dtype);

@@ -74,9 +74,10 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                                                torch::autograd::tensor_list grad_outputs);
 };
 
-// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (to_fp8), keep
-// the fp8 tensors and scales for backward (ctx->save_for_backward: half the bytes of bf16, which
-// is part of what FP8 saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
+// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (cast_to_fp8:
+// your to_fp8, or your TODO 7 kernel on a GPU once it is done), keep the fp8 tensors and scales
+// for backward (ctx->save_for_backward: half the bytes of bf16, which is part of what FP8
+// saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
 // out_dtype=x's dtype).
 // Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
 // accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
@@ -89,7 +90,8 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 }
 
 // TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
-// scale (amax -> scale -> to_fp8: gradients need e5m2's range more than e4m3's precision):
+// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8: gradients need e5m2's range more than
+// e4m3's precision):
 //   dL/dx = g w       (N, out) x (out, in), in x's dtype
 //   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
 // Each on _scaled_mm: the first operand row-major (g^T: transpose, then make it contiguous), the
