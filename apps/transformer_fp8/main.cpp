@@ -10,6 +10,7 @@
 #include <ATen/ops/_scaled_mm.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 
 #include "amplab/fast/fast_path.hpp"
@@ -265,6 +266,37 @@ void matmul_row(amplab::ResultTable& table, torch::Device device, int64_t m, int
              fp8_tflops / bf16_tflops});
 }
 
+// The casts' effective bandwidth on an 8192 x 8192 bf16 tensor (bytes read + written per second)
+// against the device's copy of it: TODO 3's ATen versions and TODO 7's kernels (null until done).
+void cast_table(Lab& lab) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = torch::randn({8192, 8192}, torch::TensorOptions().dtype(torch::kBFloat16).device(lab.device));
+  torch::Tensor scale = tf8::scale_from_amax(tf8::abs_max(x), tf8::Fp8Format::e4m3);
+  const double n = static_cast<double>(x.numel());
+  auto& table = lab.results.table("fp8_casts", {{"name", "8192 x 8192 bf16"}, {"ms", "ms", amplab::decimals(3)},
+                                                {"gb_per_s", "GB/s", amplab::decimals(0)}, {"vs_copy", "vs copy", amplab::percent_of_one(0)}});
+  double copy_gbs = NAN;
+  auto row = [&](const std::string& name, double bytes, const std::function<void()>& work) {
+    nlohmann::json ms = nullptr, gbs = nullptr, vs_copy = nullptr;
+    try {
+      for (int i = 0; i < 3; ++i) work();
+      const double t = amplab::summarize(amplab::time_back_to_back(work, lab.device, 20, 3)).median;
+      ms = t;
+      gbs = bytes / t / 1e6;
+      if (std::isnan(copy_gbs)) copy_gbs = bytes / t / 1e6;
+      vs_copy = bytes / t / 1e6 / copy_gbs;
+    } catch (const amplab::NotImplemented&) {
+    }
+    table.add({name, ms, gbs, vs_copy});
+  };
+  row("copy (x.clone())", 4 * n, [&] { x.clone(); });
+  row("abs_max (TODO 3)", 2 * n, [&] { tf8::abs_max(x); });
+  row("abs_max_fast (TODO 7)", 2 * n, [&] { tf8::abs_max_fast(x); });
+  row("to_fp8 e4m3 (TODO 3)", 3 * n, [&] { tf8::to_fp8(x, scale, tf8::Fp8Format::e4m3); });
+  row("to_fp8_fast e4m3 (TODO 7)", 3 * n, [&] { tf8::to_fp8_fast(x, scale, tf8::Fp8Format::e4m3); });
+  lab.results.print("fp8_casts", "FP8 casts: bytes read + written per second (the minimum: x read once, fp8 written once)");
+}
+
 // The FP8 MLP against bf16, then single matmuls: a large square one, a small one, and the GPT's
 // qkv projection (64 x 256 tokens, 384 -> 1152).
 void fp8_tables(Lab& lab) {
@@ -278,6 +310,7 @@ void fp8_tables(Lab& lab) {
       .add({"fp8 (your fp8_linear, dynamic)", dynamic_ms, flops / dynamic_ms / 1e9, bf16_ms / dynamic_ms})
       .add({"fp8 (your fp8_linear, delayed)", delayed_ms, flops / delayed_ms / 1e9, bf16_ms / delayed_ms});
   lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer)");
+  cast_table(lab);
   auto& matmuls = lab.results.table("fp8_matmul", {{"shape", "m x k x n"}, {"bf16_tflops", "bf16 TFLOP/s", amplab::decimals(0)},
                                                    {"fp8_tflops", "fp8 tensorwise TFLOP/s", amplab::decimals(0)},
                                                    {"fp8_rowwise_tflops", "fp8 rowwise TFLOP/s", amplab::decimals(0)},
