@@ -24,39 +24,27 @@
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
 #include "mechanisms.hpp"
+#include "harness.hpp"
 #include "memory_optimization.hpp"
 
 namespace {
 
 namespace mo = memory_optimization;
 using amplab::Precision;
+using mo::Harness;
 using mo::LabConfig;
+using mo::mib;
+using mo::run_setting;
+using mo::samples_per_second;
+using mo::setting_name;
+using mo::supported;
 using mo::MemLabConfig;
 using mo::Names;
 using nlohmann::json;
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 std::string percent(double fraction) { return amplab::fixed(100.0 * fraction, 0) + "%"; }
 json value_if(bool known, double value) { return known ? json(value) : json(); }
 const amplab::Show integer = amplab::decimals(0);
-
-std::string setting_name(Precision precision, int64_t every) {
-  return amplab::to_string(precision) + (every == 1 ? " + checkpointing" : "") +
-         (every > 1 ? " + checkpointing/" + std::to_string(every) : "");
-}
-
-// The precisions of `names` this device runs; each other one noted in `notes`.
-std::vector<Precision> supported(const Names& names, const std::string& key, torch::Device device, std::string& notes) {
-  std::vector<Precision> out;
-  for (const auto& name : names) {
-    std::string why;
-    if (amplab::is_supported(amplab::enum_from_string<Precision>(name, key), device, &why))
-      out.push_back(amplab::enum_from_string<Precision>(name, key));
-    else
-      notes += "  " + name + ": skipped, " + why + "\n";
-  }
-  return out;
-}
 
 // A table with lines between its title and its rows.
 void print_with_intro(const amplab::ResultTable& table, const std::string& title, const std::string& intro,
@@ -84,72 +72,6 @@ std::optional<int> check_config(const LabConfig& config, const amplab::ConfigSou
                              "mem.model.width, mem.model.depth or mem.model.expansion");
   return std::nullopt;
 }
-
-// ---- The model every experiment starts from --------------------------------------------------
-
-struct Harness {
-  const LabConfig& config;
-  const MemLabConfig& mem;
-  torch::Device device;
-  bool cpu;
-  std::string memory_source;
-  mo::DeepMlpOptions shape;
-  mo::DeepMlp model{nullptr};
-  std::vector<torch::Tensor> initial;  // host copies of the initial parameters: every run starts there
-  torch::Tensor teacher;               // (width, classes): labels of the synthetic data
-  int64_t parameters = 0;
-  int64_t cap_bytes = 0;               // GPU memory cap in force (0: none)
-
-  explicit Harness(const amplab::Lab<LabConfig>& lab)
-      : config(lab.config), mem(lab.config.mem), device(lab.device), cpu(lab.on_cpu()),
-        memory_source(amplab::memory_is_rss(lab.device) ? "cpu_rss" : "cuda_allocator"), shape(mem.model.shape) {
-    torch::manual_seed(static_cast<uint64_t>(config.run.seed));
-    model = mo::DeepMlp(shape);
-    for (const auto& p : model->parameters()) {
-      initial.push_back(p.detach().clone());
-      parameters += p.numel();
-    }
-    model->to(device);
-    teacher = torch::randn({shape.width, shape.classes}).to(device);
-  }
-  // Untracked by default: the tracker resets peaks per phase, it would spoil the step's peak.
-  amplab::Trainer trainer(Precision precision, bool track = false) const {
-    amplab::TrainConfig t{.precision = precision, .progress = false, .optimizer = config.train.optimizer,
-                          .grad_scaler = config.train.grad_scaler};
-    amplab::MemoryConfig memory;
-    memory.track = track;
-    return amplab::Trainer(model.ptr(), [m = model](const amplab::Batch& b) mutable { return mo::loss_of(m, b); }, t,
-                           device, amplab::course_mechanisms(), memory);
-  }
-  void reset(int64_t checkpoint_every) {
-    torch::NoGradGuard no_grad;
-    auto params = model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(initial[i]);
-    model->zero_grad(/*set_to_none=*/true);
-    model->checkpoint_every = checkpoint_every;
-  }
-  void release() {
-    model->zero_grad(/*set_to_none=*/true);
-    amplab::free_cached_memory(device);
-  }
-  mo::MemoryEstimate estimate(Precision precision, int64_t every) const {
-    const auto& o = config.train.optimizer;
-    return mo::estimate_memory(shape, precision, every, /*momentum=*/o.name != "sgd" || o.momentum > 0);
-  }
-  double estimate_mib(Precision p, int64_t every, int64_t batch) const { return mib(estimate(p, every).at(batch)); }
-  // CPU: the simulated limit (RSS has none to hit). GPU: none; running out of memory decides.
-  mo::FitsFn simulated_fits(Precision precision, int64_t every) const {
-    if (!cpu) return {};
-    return [e = estimate(precision, every), limit = mem.cap_mib * (1 << 20)](int64_t batch) {
-      return static_cast<double>(e.at(batch)) <= limit;
-    };
-  }
-  void set_cap(int64_t bytes) {
-    if (cpu) return;
-    amplab::limit_device_memory(device, bytes);
-    cap_bytes = bytes;
-  }
-};
 
 // The model, its estimated need and the memory limit (the GPU's cap set here), printed and kept.
 void describe_setup(Harness& h, amplab::Results& results) {
@@ -183,27 +105,6 @@ void describe_setup(Harness& h, amplab::Results& results) {
   results.set("memory_cap_gib", h.cpu ? 0.0 : cap_mib / 1024);
   results.set("memory_source", h.memory_source);
   if (h.cpu) results.set("simulated_limit_mib", cap_mib);
-}
-
-// One setting at one batch size: the model from its initial parameters, a fresh Trainer (the
-// core's step) and fresh data; the timed steps through your measure().
-mo::Measurement run_setting(Harness& h, Precision precision, int64_t every, int64_t batch) {
-  h.reset(every);
-  mo::Measurement m;
-  {
-    amplab::Trainer trainer = h.trainer(precision);
-    amplab::Batch data;
-    m = mo::measure([&] {
-      if (!data.input.defined()) data = mo::make_batch(batch, h.teacher, h.device);  // inside: it may not fit either
-      trainer.step(data);
-    }, h.device, h.mem.bench.warmup, h.mem.bench.steps);
-  }
-  h.release();
-  return m;
-}
-
-double samples_per_second(const mo::Measurement& m, int64_t batch) {
-  return m.fits && m.step_ms > 0 ? static_cast<double>(batch) / (m.step_ms / 1e3) : 0.0;
 }
 
 // ---- 1. Memory and throughput per batch size ------------------------------------------------------
@@ -648,16 +549,23 @@ int main(int argc, char** argv) {
       check_config,
       [](amplab::Lab<LabConfig>& lab) {
         const auto& mem = lab.config.mem;
-        Harness h(lab);
+        Harness h(lab.config, lab.device);
         describe_setup(h, lab.results);
-        if (mem.sweep.enabled) sweep(h, lab.results);
+        // Each section a phase of its own (gpu_monitor.csv, summary.json's gpu_monitor).
+        auto section = [&lab](bool enabled, const char* phase, const std::function<void()>& run) {
+          if (!enabled) return;
+          lab.phase(phase);
+          run();
+        };
+        section(mem.sweep.enabled, "memory per batch", [&] { sweep(h, lab.results); });
         std::vector<FinderResult> found;
-        if (mem.finder.enabled) found = finder(h, lab.results);
-        if (mem.accumulation.enabled) accumulation(h, found, lab.results);
+        section(mem.finder.enabled, "finder", [&] { found = finder(h, lab.results); });
+        section(mem.accumulation.enabled, "accumulation", [&] { accumulation(h, found, lab.results); });
         h.set_cap(0);  // sections 4 and 5 compare settings at one batch, on the whole GPU
-        if (mem.checkpointing.enabled) checkpointing(h, lab.results);
-        if (mem.timeline.enabled) timeline(h, lab.results);
-        if (mem.leak.enabled) leak_hunt(h, lab.results);
+        section(mem.checkpointing.enabled, "checkpointing", [&] { checkpointing(h, lab.results); });
+        section(mem.timeline.enabled, "memory timeline", [&] { timeline(h, lab.results); });
+        section(mem.leak.enabled, "leak hunt", [&] { leak_hunt(h, lab.results); });
+        lab.phase("");
         if (mem.plots) lab.plot_kind = "memory";
         return amplab::kExitOk;
       });
