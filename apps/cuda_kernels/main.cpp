@@ -23,143 +23,25 @@
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
 #include "cuda_kernels.hpp"
+#include "kernel_bench.hpp"
+#include "photo.hpp"
 
 namespace {
 
 namespace ck = cuda_kernels;
 using amplab::decimals;
-using ck::BenchConfig;
 using ck::KernelsConfig;
+using ck::Outcome;
+using ck::Plots;
+using ck::Timer;
+using ck::cost;
+using ck::cpu_ms;
+using ck::error_check;
+using ck::filter_named;
+using ck::kNoCostModel;
 using nlohmann::json;
 
 using Lab = amplab::Lab<KernelsConfig>;
-
-// ---- timing and bookkeeping -------------------------------------------------------------------------
-
-// A kernel's check and time, or the TODO still in its way; then ms is NaN, and so is every
-// figure made from it (a "-" in the tables).
-struct Outcome {
-  double ms = NAN;
-  std::string todo;   // "cuda_kernels-4" while that hole is empty
-  std::string check;  // "ok", "exact", or what is wrong
-  json time() const { return todo.empty() ? json(ms) : json("TODO(" + todo + ")"); }
-  json checked() const { return todo.empty() ? json(check) : json(); }
-};
-
-struct Timer {
-  const BenchConfig& bench;
-  torch::Device device;
-  // Median milliseconds per call: `warmup` calls, then `repeats` windows of `window` calls back to back.
-  double ms(const std::function<void()>& work) const {
-    for (int i = 0; i < bench.warmup; ++i) work();
-    return amplab::quantile(amplab::time_back_to_back(work, device, bench.window, bench.repeats), 0.5);
-  }
-  // Runs `check` (returns the check column) then times `work`; an empty hole becomes the outcome.
-  Outcome kernel(const std::function<std::string()>& check, const std::function<void()>& work) const {
-    Outcome out;
-    try {
-      out.check = check();
-      out.ms = ms(work);
-    } catch (const amplab::NotImplemented& e) {
-      out.todo = e.todo_id();
-    }
-    return out;
-  }
-};
-
-// Median milliseconds of PyTorch's CPU op: one warm-up call, then up to 3 calls; NaN (a "-") when the
-// tensor is larger than bench.cpu_max_elements.
-double cpu_ms(const BenchConfig& bench, int64_t elements, const std::function<void()>& work) {
-  if (elements > bench.cpu_max_elements) return NAN;
-  work();
-  return amplab::quantile(amplab::time_back_to_back(work, torch::kCPU, 1, std::min(bench.repeats, 3)), 0.5);
-}
-
-// The cost model is TODO 1: until it is filled, no GB/s, TFLOP/s or roofline from it.
-std::optional<ck::Cost> cost(const std::function<ck::Cost()>& of) {
-  try {
-    return of();
-  } catch (const amplab::NotImplemented&) {
-    return std::nullopt;
-  }
-}
-const char* const kNoCostModel = "(GB/s of your kernels need your cost model: TODO(cuda_kernels-1))\n";
-
-std::string error_check(const torch::Tensor& got, const torch::Tensor& want, double tolerance) {
-  const double scale = want.abs().max().item<double>() + 1e-30;
-  const double err = (got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs().max().item<double>() / scale;
-  std::ostringstream s;
-  s << std::setprecision(2) << err;
-  return (err <= tolerance ? "ok (" : "WRONG (") + s.str() + " of max)";
-}
-
-// roofline.csv's points, bandwidth.csv's bars (scripts/plot.py kernels) and the roofs they stand under.
-struct Plots {
-  amplab::Results& results;
-  double copy_gbs = 0;
-  double fp32_peak = 0, bf16_peak = 0;  // TFLOP/s of cuBLAS, the best size
-
-  void point(const std::string& part, const std::string& kernel, const std::optional<ck::Cost>& c, double ms) {
-    if (c && std::isfinite(ms) && c->bytes > 0)
-      results.table("roofline", {{"part", ""}, {"kernel", ""}, {"intensity", ""}, {"tflops", ""}})
-          .add({part, kernel, c->intensity(), c->flops / (ms * 1e9)});
-  }
-  void gbs(const std::string& part, const std::string& kernel, double value, bool ours) {
-    if (std::isfinite(value))
-      results.table("bandwidth", {{"part", ""}, {"kernel", ""}, {"gbs", ""}, {"ours", ""}}).add({part, kernel, value, ours});
-  }
-  json roofs() const {
-    json roofs = {{"memory_gbs", copy_gbs}};
-    if (fp32_peak > 0) roofs["fp32_tflops"] = fp32_peak;
-    if (bf16_peak > 0) roofs["bf16_tflops"] = bf16_peak;
-    return roofs;
-  }
-};
-
-// ---- the convolution's photograph and filters -------------------------------------------------------
-
-torch::Tensor filter_named(const std::string& name) {
-  if (name == "blur3") return torch::tensor({1.f, 2.f, 1.f, 2.f, 4.f, 2.f, 1.f, 2.f, 1.f}).view({3, 3}) / 16;  // Gaussian
-  if (name == "sharpen3") return torch::tensor({0.f, -1.f, 0.f, -1.f, 5.f, -1.f, 0.f, -1.f, 0.f}).view({3, 3});
-  if (name == "edge3") return torch::tensor({-1.f, -1.f, -1.f, -1.f, 8.f, -1.f, -1.f, -1.f, -1.f}).view({3, 3});  // Laplacian
-  auto binomial = torch::tensor({1.f, 4.f, 6.f, 4.f, 1.f});
-  if (name == "blur5") return torch::outer(binomial, binomial) / 256;  // Gaussian, 5x5
-  // edge5: Laplacian of Gaussian
-  return torch::tensor({0.f, 0.f, -1.f, 0.f, 0.f, 0.f, -1.f, -2.f, -1.f, 0.f, -1.f, -2.f, 16.f, -2.f, -1.f,
-                        0.f, -1.f, -2.f, -1.f, 0.f, 0.f, 0.f, -1.f, 0.f, 0.f})
-      .view({5, 5});
-}
-
-// The photograph (a test pattern if it cannot be read) through each filter (the tiled kernel; the given
-// naive one while TODO 8 is empty) into conv_filters.png; returns the photograph on the device and the
-// footer of the part's table.
-std::pair<torch::Tensor, std::string> filter_photo(const Lab& lab) {
-  const auto& conv = lab.config.convolution;
-  torch::Tensor photo = amplab::load_grey_image(conv.image, lab.run.file("photo.f32"));
-  if (!photo.defined()) {
-    std::cout << "(could not read " << (conv.image.empty() ? "matplotlib's grace_hopper.jpg" : conv.image)
-              << " with scripts/images.py: filtering a test pattern instead)\n";
-    auto y = torch::linspace(0, 1, 600).view({-1, 1}), x = torch::linspace(0, 1, 512).view({1, -1});
-    photo = (torch::sin(40 * x * y) * 0.5 + 0.5).contiguous();
-  }
-  photo = photo.to(lab.device);
-  std::vector<std::pair<std::string, torch::Tensor>> images = {{lab.run.file("photo"), photo}};
-  bool naive_used = false;
-  for (const auto& name : conv.filters) {
-    torch::Tensor filter = filter_named(name).to(lab.device), out;
-    try {
-      out = ck::conv2d(photo, filter, ck::ConvVersion::tiled);
-    } catch (const amplab::NotImplemented&) {
-      out = ck::conv2d(photo, filter, ck::ConvVersion::naive);
-      naive_used = true;
-    }
-    images.emplace_back(lab.run.file("conv_" + name), out);
-  }
-  if (!amplab::write_grey_pngs(images, lab.run.file("conv_filters.png")))
-    std::cout << "(PNG images skipped: scripts/images.py failed; is matplotlib installed?)\n";
-  return {photo, std::string(naive_used ? "(the images used the given naive kernel: TODO(cuda_kernels-8) is still empty)\n" : "") +
-                     "images: " + lab.run.file("conv_filters.png") + " and conv_<filter>.png\n"};
-}
 
 // ---- the parts: each records its table and prints it ----------------------------------------------
 
@@ -231,7 +113,7 @@ void part_reduction(Lab& lab, const Timer& timer, Plots& plots) {
 }
 
 void part_convolution(Lab& lab, const Timer& timer, Plots& plots) {
-  const auto [photo, footer] = filter_photo(lab);
+  const auto [photo, footer] = ck::filter_photo(lab.config.convolution, lab.run, lab.device);
   // Timing on the photograph scaled up to bench_size^2.
   const int64_t s = lab.config.convolution.bench_size;
   namespace F = torch::nn::functional;
@@ -420,6 +302,7 @@ int main(int argc, char** argv) {
   return amplab::lab_main<KernelsConfig>(argc, argv, info, check_before_run, [](Lab& lab) {
     const Timer timer{lab.config.bench, lab.device};
     Plots plots{lab.results};
+    lab.phase("memory roof");
     {  // The memory roof: a device-to-device copy of 400 MB (read + write).
       auto source = torch::randn({100'000'000}, torch::TensorOptions().device(lab.device));
       auto target = torch::empty_like(source);
@@ -427,13 +310,17 @@ int main(int argc, char** argv) {
     }
     std::cout << "device copy " << amplab::fixed(plots.copy_gbs, 0) << " GB/s (the memory roof)\n";
     for (const auto& part : lab.config.bench.parts) {
+      lab.phase(part == "fused" ? "fused_op" : part);  // a phase per table
       if (part == "elementwise") part_elementwise(lab, timer, plots);
       if (part == "reduction") part_reduction(lab, timer, plots);
       if (part == "convolution") part_convolution(lab, timer, plots);
       if (part == "matmul") part_matmul(lab, timer, plots);
       if (part == "fused") part_fused_op(lab, timer);
-      if (part == "fused" && lab.config.fused.mlp_layers > 0) part_fused_mlp(lab, timer);
+      if (part != "fused" || lab.config.fused.mlp_layers == 0) continue;
+      lab.phase("fused_mlp");
+      part_fused_mlp(lab, timer);
     }
+    lab.phase("");
     lab.results.set("roofs", plots.roofs());
     if (lab.config.bench.plots) lab.plot_kind = "kernels";
     return amplab::kExitOk;
