@@ -345,6 +345,6 @@ int main(int argc, char** argv) {
   return amplab::lab_main<MnistConfig>(
       argc, argv,
       {"mnist", "Lab 4: MNIST end to end, CPU vs GPU vs GPU+AMP", /*accepts_resume=*/true,
-       "train.batch_size, mnist.eval_batch_size, data.train_limit"},
+       "train.batch_size, mnist.eval_batch_size, data.train_limit", /*traces_own_steps=*/true},
       check_config, run_lab);
 }

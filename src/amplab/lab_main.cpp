@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 #include "amplab/measure/memory_snapshot.hpp"
 #include "amplab/report/plots.hpp"
 #include "amplab/report/report.hpp"
+#include "amplab/state/checkpoint.hpp"  // file_name_safe
 
 namespace amplab {
 
@@ -39,6 +41,20 @@ std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDi
     return nullptr;
   }
   return timeline;
+}
+
+std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device,
+                                              bool lab_traces_own_steps) {
+  if (!config.trace || !run.enabled()) return nullptr;
+  log::warn("run.trace: the profiler records every op and kernel; this run's timings carry its overhead "
+            "(compare timings from a run without run.trace)");
+  if (lab_traces_own_steps) return nullptr;
+  auto path_of = [run_dir = run.path()](const std::string& phase, int n) {
+    std::string slug = file_name_safe(phase);
+    if (slug.empty()) slug = "phase";
+    return (std::filesystem::path(run_dir) / ("trace-" + slug + (n > 1 ? "-" + std::to_string(n) : "") + ".json")).string();
+  };
+  return std::make_unique<PhaseTrace>(path_of, device, config.trace_phases, config.trace_budget_mb << 20);
 }
 
 void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,

@@ -17,6 +17,7 @@
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/config.hpp"
 #include "amplab/measure/gpu_timeline.hpp"
+#include "amplab/measure/trace.hpp"
 #include "amplab/report/results.hpp"
 #include "amplab/report/run_dir.hpp"
 
@@ -29,6 +30,9 @@ struct LabInfo {
   // The config keys that set how much memory the lab takes ("amp.mlp.width, amp.mlp.batch"):
   // running out of CPU or GPU memory names them, with the bytes asked for.
   std::string size_keys;
+  // The lab traces its own training steps under run.trace (fit's StepTrace, as mnist does), so
+  // lab_main traces none of its phases.
+  bool traces_own_steps = false;
 };
 
 // What a lab's body works with.
@@ -43,11 +47,17 @@ struct Lab {
   std::string plot_kind; // scripts/plot.py's kind to draw at the end ("" for none)
   // The GPU's utilization through the run (run.gpu_monitor): null on the CPU or without NVML.
   std::unique_ptr<GpuTimeline> gpu_timeline = nullptr;
+  // run.trace's trace of each phase: null unless asked (no profiler runs then).
+  std::unique_ptr<PhaseTrace> phase_trace = nullptr;
+  NvtxPhases nvtx;
 
   bool on_cpu() const { return !device.is_cuda(); }
-  // Labels what the lab does from now on, in gpu_monitor.csv and in summary.json's gpu_monitor.
+  // Labels what the lab does from now on ("" for nothing): in gpu_monitor.csv and summary.json's
+  // gpu_monitor, as an NVTX range (Nsight Systems), and with run.trace as trace-<name>.json.
   void phase(const std::string& name) {
     if (gpu_timeline) gpu_timeline->phase(name);
+    nvtx.phase(name);
+    if (phase_trace) phase_trace->phase(name);
   }
 };
 
@@ -59,6 +69,11 @@ namespace detail {
 torch::Device start_run(const RunConfig& run, const std::string& title);
 // The GPU timeline and the allocator's history, as run.gpu_monitor and run.memory_snapshot ask.
 std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDir& run, torch::Device device);
+// run.trace: warns that the timings carry the profiler's overhead, and unless the lab traces its
+// own steps, returns the trace of each phase into <run dir>/trace-<phase>.json (null when off,
+// and on a rank that writes no files).
+std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device,
+                                              bool lab_traces_own_steps);
 // A run that failed (`succeeded` false) keeps its results and report but draws no plots and
 // prints nothing after its error line.
 void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
@@ -107,8 +122,11 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     RunDir run = RunDir::create(config.run, info.name, to_yaml(config));
     torch::Device device = detail::start_run(config.run, info.title);
     auto gpu_timeline = detail::start_watching(config.run, run, device);
-    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline)};
+    auto phase_trace = detail::start_phase_trace(config.run, run, device, info.traces_own_steps);
+    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline),
+                    std::move(phase_trace), {}};
     const int code = detail::run_body([&] { return body(lab); }, info.size_keys);
+    if (lab.phase_trace) lab.phase_trace->finish();  // the last phase's trace, before the results are written
     detail::finish_run(lab.config.run, lab.run, lab.results, code == kExitOk ? lab.plot_kind : "", lab.gpu_timeline.get(),
                        code == kExitOk);
     return code;

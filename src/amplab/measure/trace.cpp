@@ -1,16 +1,45 @@
-// A profiler trace of a few training steps (trace.hpp), through PyTorch's Kineto profiler.
+// Profiler traces of a few training steps or of a lab's phases, and the phases' NVTX ranges
+// (trace.hpp), through PyTorch's Kineto profiler.
 #include "amplab/measure/trace.hpp"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <filesystem>
 #include <set>
+#include <system_error>
 
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
 #include "amplab/infra/log.hpp"
 
+#ifdef AMPLAB_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace amplab {
+namespace {
+
+// Starts Kineto on the host (and the GPU's stream when `device` is one), with nothing of earlier
+// work in flight.
+void start_profiler(torch::Device device) {
+  using torch::profiler::impl::ActivityType;
+  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  synchronize(device);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
+
+// Stops Kineto once the last kernels ended and writes what it recorded to `path`.
+void save_profile(torch::Device device, const std::string& path) {
+  synchronize(device);
+  auto result = torch::autograd::profiler::disableProfiler();
+  result->save(path);
+}
+
+}  // namespace
 
 struct StepTrace::StepRange {
   at::RecordFunction range{at::RecordScope::USER_SCOPE};
@@ -28,22 +57,14 @@ StepTrace::~StepTrace() {
 }
 
 void StepTrace::start() {
-  using torch::profiler::impl::ActivityType;
-  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (device_.is_cuda()) activities.insert(ActivityType::CUDA);
-  synchronize(device_);  // the window starts with nothing of earlier steps in flight
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
+  start_profiler(device_);
   running_ = true;
 }
 
 void StepTrace::finish() {
   range_.reset();
-  synchronize(device_);  // the last step's kernels are in the trace
-  auto result = torch::autograd::profiler::disableProfiler();
   running_ = false;
-  result->save(path_);
+  save_profile(device_, path_);
   saved_ = true;
   log::info("run.trace: " + std::to_string(steps_) + " step(s) traced into " + path_ +
             " (open it in https://ui.perfetto.dev or chrome://tracing)");
@@ -61,6 +82,74 @@ void StepTrace::after_step(int64_t step) {
   if (!running_) return;
   range_.reset();
   if (step + 1 >= first_step_ + steps_) finish();
+}
+
+struct PhaseTrace::PhaseRange {
+  at::RecordFunction range{at::RecordScope::USER_SCOPE};
+};
+
+PhaseTrace::PhaseTrace(PathOf path_of, torch::Device device, std::vector<std::string> filters, int64_t budget_bytes)
+    : path_of_(std::move(path_of)), device_(device), filters_(std::move(filters)), budget_bytes_(budget_bytes) {}
+
+PhaseTrace::~PhaseTrace() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log::warn(std::string("run.trace: the phase's trace could not be saved: ") + e.what());
+  }
+}
+
+bool PhaseTrace::wanted(const std::string& name) const {
+  if (filters_.empty()) return true;
+  for (const auto& filter : filters_)
+    if (name.find(filter) != std::string::npos) return true;
+  return false;
+}
+
+void PhaseTrace::phase(const std::string& name) {
+  finish();
+  if (name.empty() || !wanted(name)) return;
+  if (bytes_written_ >= budget_bytes_) {
+    if (!over_budget_logged_)
+      log::info("run.trace: the traces reached run.trace_budget_mb (" + std::to_string(bytes_written_ >> 20) +
+                " MiB written); phase '" + name + "' and those after it are not traced");
+    over_budget_logged_ = true;
+    return;
+  }
+  start(name);
+}
+
+void PhaseTrace::start(const std::string& name) {
+  const std::string path = path_of_(name, ++seen_[name]);
+  start_profiler(device_);
+  open_path_ = path;
+  range_ = std::make_unique<PhaseRange>();
+  range_->range.before(name);
+}
+
+void PhaseTrace::finish() {
+  if (open_path_.empty()) return;
+  range_.reset();
+  const std::string path = std::move(open_path_);
+  open_path_.clear();
+  save_profile(device_, path);
+  std::error_code error;
+  const auto bytes = std::filesystem::file_size(path, error);
+  if (!error) bytes_written_ += static_cast<int64_t>(bytes);
+  written_.push_back(path);
+  log::info("run.trace: phase traced into " + path + " (" + std::to_string(error ? 0 : bytes >> 10) + " KiB)");
+}
+
+NvtxPhases::~NvtxPhases() { phase(""); }
+
+void NvtxPhases::phase(const std::string& name) {
+#ifdef AMPLAB_WITH_CUDA
+  if (open_) nvtxRangePop();
+  open_ = !name.empty();
+  if (open_) nvtxRangePushA(name.c_str());
+#else
+  (void)name;
+#endif
 }
 
 }  // namespace amplab

@@ -30,6 +30,8 @@ struct RunConfig {
   bool gpu_monitor = true;
   bool memory_snapshot = false;
   bool trace = false;
+  std::vector<std::string> trace_phases;  // empty: every phase
+  int64_t trace_budget_mb = 50;
 
   template <class V>
   void fields(V& v) {
@@ -44,7 +46,15 @@ struct RunConfig {
     v.field("memory_snapshot", memory_snapshot,
             "on a GPU: record every allocation and free into memory_snapshot.pickle (open it at pytorch.org/memory_viz)");
     v.field("trace", trace,
-            "write a profiler trace of 5 training steps after 10 (trace-<what>.json; open it in ui.perfetto.dev)");
+            "write profiler traces (open them in ui.perfetto.dev; a traced run's timings carry the profiler's overhead): "
+            "mnist traces 5 training steps after 10 (trace-<mode>.json), ddp none (see bench.trace), the other labs each "
+            "phase from its start to its end (trace-<phase>.json), as trace_phases and trace_budget_mb allow");
+    v.field("trace_phases", trace_phases,
+            "with trace, outside mnist: trace only the phases whose name contains one of these words (empty: every phase)");
+    v.field("trace_budget_mb", trace_budget_mb,
+            "with trace, outside mnist: start no phase's trace once the traces written reach this many MiB (a phase "
+            "traced is traced to its end: the profiler cannot stop part-way)",
+            Range<int64_t>::between(1, 100000));
   }
 };
 
