@@ -26,20 +26,12 @@
 #include "mechanisms.hpp"
 #include "harness.hpp"
 #include "memory_optimization.hpp"
+#include "runs.hpp"
 
 namespace {
 
-namespace mo = memory_optimization;
 using amplab::Precision;
-using mo::Harness;
-using mo::LabConfig;
-using mo::mib;
-using mo::run_setting;
-using mo::samples_per_second;
-using mo::setting_name;
-using mo::supported;
-using mo::MemLabConfig;
-using mo::Names;
+using namespace memory_optimization;  // the lab's functions and its given runs
 using nlohmann::json;
 
 std::string percent(double fraction) { return amplab::fixed(100.0 * fraction, 0) + "%"; }
@@ -131,7 +123,7 @@ void sweep(Harness& h, amplab::Results& results) {
                      h.memory_source, "not run: a smaller batch did not fit"});
           continue;
         }
-        mo::Measurement m;
+        Measurement m;
         const bool simulated = fits && !fits(batch);
         if (simulated) {
           m.error = "over the simulated limit of " + amplab::fixed(h.mem.cap_mib, 0) + " MiB";
@@ -156,60 +148,6 @@ void sweep(Harness& h, amplab::Results& results) {
 }
 
 // ---- 2. The batch-size finder -----------------------------------------------------------------------
-
-struct FinderResult {
-  Precision precision;
-  mo::BatchSearch search;
-  int64_t brute_force_limit = 0;  // 0: not checked
-  std::string brute_force_note;
-};
-
-void add_trial(amplab::ResultTable* trials, Precision precision, const std::string& phase, const mo::BatchTrial& t) {
-  if (trials)
-    trials->add({amplab::to_string(precision), phase, t.batch, t.fits, !t.ran, t.step_ms, t.samples_per_second,
-                 t.peak_allocated_mib, t.peak_reserved_mib, t.error});
-}
-
-// The finder's check: a linear scan from a fraction of its answer up to the first batch that fails.
-void scan_linearly(Harness& h, const mo::BatchStep& step, amplab::Trainer& trainer, const mo::FitsFn& fits,
-                   FinderResult& r, amplab::ResultTable* trials) {
-  const auto& c = h.mem.finder;
-  amplab::TrainingSnapshot snapshot(*h.model, &trainer.optimizer());
-  const int64_t m = c.brute_force_step;
-  int64_t batch = mo::round_down_to(static_cast<int64_t>(static_cast<double>(r.search.largest_fit) * c.brute_force_from), m);
-  // Up to twice the finder's first OOM at most: a scan that gets there without failing has
-  // shown the finder wrong already.
-  const int64_t scan_max = std::min(c.search.max_batch, 2 * std::max(r.search.smallest_oom, r.search.largest_fit));
-  amplab::log::info("brute force: " + amplab::to_string(r.precision) + " from batch " + std::to_string(batch) +
-                    " in steps of " + std::to_string(m));
-  int scanned = 0;
-  bool hit_oom = false;
-  for (; batch <= scan_max && !hit_oom; batch += m, ++scanned) {
-    mo::BatchTrial t = mo::try_batch(step, *h.model, h.device, batch, c.search, fits);
-    snapshot.restore();
-    add_trial(trials, r.precision, "brute_force", t);
-    hit_oom = !t.fits;
-    if (t.fits) r.brute_force_limit = batch;
-  }
-  r.brute_force_note = std::to_string(scanned) + " batches scanned in steps of " + std::to_string(m);
-  if (!hit_oom) r.brute_force_note += "; stopped at " + std::to_string(scan_max) + " without an OOM";
-  if (r.brute_force_limit == 0) r.brute_force_note += "; the scan's first batch did not fit (memory not monotonic in batch?)";
-}
-
-// Your finder at one precision; its trials go to `trials` when given.
-FinderResult find_batch(Harness& h, Precision precision, amplab::ResultTable* trials) {
-  FinderResult result{precision, {}, 0, ""};
-  h.reset(0);
-  amplab::Trainer trainer = h.trainer(precision);
-  mo::BatchStep step = [&](int64_t batch) { trainer.step(mo::make_batch(batch, h.teacher, h.device)); };
-  auto fits = h.simulated_fits(precision, 0);
-  amplab::log::info("finder: " + amplab::to_string(precision));
-  result.search = mo::find_batch_size(step, *h.model, &trainer.optimizer(), h.device, h.mem.finder.search, fits);
-  for (const auto& t : result.search.trials) add_trial(trials, precision, "search", t);
-  if (h.mem.finder.brute_force && result.search.largest_fit > 0) scan_linearly(h, step, trainer, fits, result, trials);
-  h.release();
-  return result;
-}
 
 std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
   const auto& c = h.mem.finder;
@@ -248,43 +186,6 @@ std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
 
 // ---- 3. Gradient accumulation -----------------------------------------------------------------------
 
-struct Curve {
-  std::vector<double> loss;  // per optimizer step
-  double peak_mib = 0, seconds = 0;
-};
-
-// `steps` optimizer steps over batches of `effective` samples (the same data for every call),
-// gradients computed with your accumulate_gradients in micro-batches of `micro`.
-Curve train_curve(Harness& h, Precision precision, int64_t effective, int64_t micro, int64_t steps) {
-  h.reset(0);
-  Curve curve;
-  amplab::Trainer trainer = h.trainer(precision);
-  std::vector<torch::Tensor> losses;
-  amplab::free_cached_memory(h.device);
-  amplab::reset_peak_memory(h.device);
-  amplab::synchronize(h.device);
-  amplab::Stopwatch clock;
-  for (int64_t s = 0; s < steps; ++s) {
-    torch::manual_seed(static_cast<uint64_t>(h.config.run.seed) + 1000 + static_cast<uint64_t>(s));  // same data in both runs
-    amplab::Batch batch = mo::make_batch(effective, h.teacher, h.device);
-    losses.push_back(trainer.step(mo::split_batch(batch, micro)).loss);  // your accumulate_gradients when micro < effective
-  }
-  amplab::synchronize(h.device);
-  curve.seconds = clock.seconds();
-  curve.peak_mib = mib(amplab::read_memory(h.device).peak_allocated);
-  for (const auto& l : losses) curve.loss.push_back(l.item<double>());
-  h.model->zero_grad(/*set_to_none=*/true);
-  return curve;
-}
-
-// Whether the effective batch fits in one step: the simulated limit on the CPU, a real try on a GPU.
-std::string try_big_batch(Harness& h, Precision precision, int64_t effective) {
-  if (auto fits = h.simulated_fits(precision, 0)) return fits(effective) ? "fits (simulated)" : "does not fit (simulated limit)";
-  amplab::log::info("accumulation: trying the big batch " + std::to_string(effective) + " in one step");
-  mo::Measurement m = run_setting(h, precision, 0, effective);
-  return m.fits ? "fits" : "does not fit: " + m.error;
-}
-
 void accumulation(Harness& h, const std::vector<FinderResult>& found, amplab::Results& results) {
   const auto& c = h.mem.accumulation;
   const std::string key = "accumulation_vs_big_batch", title = "3. Gradient accumulation";
@@ -292,7 +193,7 @@ void accumulation(Harness& h, const std::vector<FinderResult>& found, amplab::Re
   std::string why;
   if (!amplab::is_supported(precision, h.device, &why)) return skip(results, key, title, "skipped: " + why, why);
   // The largest batch that fits at this precision: from the finder, or found now.
-  std::optional<mo::BatchSearch> search;
+  std::optional<BatchSearch> search;
   for (const auto& r : found)
     if (r.precision == precision) search = r.search;
   if (!search) search = find_batch(h, precision, nullptr).search;
@@ -349,11 +250,11 @@ void accumulation(Harness& h, const std::vector<FinderResult>& found, amplab::Re
 struct CheckpointRow {
   Precision precision;
   int64_t every;
-  mo::Measurement m;
+  Measurement m;
 };
 
 // The lab's targets, stated where they are measured.
-std::string checkpointing_targets(const CheckpointRow& r, const mo::Comparison& same, const mo::Comparison& vs_fp32) {
+std::string checkpointing_targets(const CheckpointRow& r, const Comparison& same, const Comparison& vs_fp32) {
   std::string out;
   if (r.every == 1 && r.precision == Precision::fp32 && same.memory_saving > 0)
     out += "checkpointing every block, fp32: " + amplab::fixed(same.memory_saving, 2) + "x less peak memory for +" +
@@ -397,8 +298,8 @@ void checkpointing(Harness& h, amplab::Results& results) {
       {"estimated_saving_vs_fp32", "est. saving vs fp32", amplab::times(2)}, {"error", ""}});
   for (const auto& r : rows) {
     const CheckpointRow *base = baseline(r.precision), *fp32 = baseline(Precision::fp32);
-    const mo::Comparison same = base ? mo::compare(base->m, r.m) : mo::Comparison{};
-    const mo::Comparison vs_fp32 = fp32 ? mo::compare(fp32->m, r.m) : mo::Comparison{};
+    const Comparison same = base ? compare(base->m, r.m) : Comparison{};
+    const Comparison vs_fp32 = fp32 ? compare(fp32->m, r.m) : Comparison{};
     const double estimate = h.estimate_mib(r.precision, r.every, c.batch);
     table.add({setting_name(r.precision, r.every), amplab::to_string(r.precision), r.every, c.batch, r.m.fits,
                value_if(r.m.fits, r.m.peak_allocated_mib), value_if(r.m.fits, r.m.peak_reserved_mib), estimate,
@@ -427,7 +328,7 @@ void record_timeline(Harness& h, int64_t every, amplab::ResultTable& samples, am
   {
     amplab::Trainer trainer = h.trainer(c.precision, /*track=*/true);
     h.model->set_probe([&trainer] { trainer.memory().sample(); });
-    amplab::Batch data = mo::make_batch(c.batch, h.teacher, h.device);
+    amplab::Batch data = make_batch(c.batch, h.teacher, h.device);
     amplab::free_cached_memory(h.device);
     for (int step = 0; step < 2; ++step) trainer.step(data);
     h.model->set_probe({});
@@ -466,42 +367,9 @@ void timeline(Harness& h, amplab::Results& results) {
 
 // ---- 6. A leak hunt ----------------------------------------------------------------------------------
 
-struct LeakRun {
-  std::vector<double> allocated_mib;  // after each step
-  std::string leak_report;            // the MemoryTracker's verdict ("": no steady growth)
-  double bytes_per_step = 0;          // growth from the first log point to the last step, per step
-};
-
-// The leak hunt's loop from the initial parameters, each step's held-out loss going to `record` and
-// `log_point` run every log_every steps; allocated memory after each step, and the tracker's report.
-LeakRun run_leak_loop(Harness& h, const mo::RecordLoss& record, const std::function<void()>& log_point) {
-  const auto& c = h.mem.leak;
-  h.reset(0);
-  LeakRun run;
-  {
-    torch::optim::SGD sgd(h.model->parameters(), torch::optim::SGDOptions(0.01));
-    torch::manual_seed(static_cast<uint64_t>(h.config.run.seed) + 2000);  // the same data in both runs
-    amplab::Batch held_out = mo::make_batch(c.held_out, h.teacher, h.device);
-    amplab::MemoryConfig memory;
-    memory.timeline = false;
-    memory.leak_window = c.steps;
-    amplab::MemoryTracker tracker(h.device, memory);
-    mo::train_with_history(h.model, sgd, h.teacher, held_out, c.batch, c.steps, record, [&](int64_t step) {
-      if ((step + 1) % c.log_every == 0) log_point();
-      run.allocated_mib.push_back(mib(amplab::read_memory(h.device).allocated));
-    }, &tracker);
-    run.leak_report = tracker.leak_report();
-  }
-  const size_t first = static_cast<size_t>(std::min(c.log_every, c.steps)) - 1;
-  if (run.allocated_mib.size() > first + 1)
-    run.bytes_per_step = (run.allocated_mib.back() - run.allocated_mib[first]) * (1 << 20) /
-                         static_cast<double>(run.allocated_mib.size() - 1 - first);
-  return run;
-}
-
 void leak_hunt(Harness& h, amplab::Results& results) {
   const auto& c = h.mem.leak;
-  mo::LossHistory history;
+  LossHistory history;
   LeakRun yours = run_leak_loop(h, [&history](const torch::Tensor& loss) { history.record(loss); },
                                 [&history] { history.flush(); });
   history.flush();
