@@ -31,7 +31,9 @@
 namespace {
 
 using amp_training::AmpConfig;
+using amp_training::PrecisionResult;
 using amp_training::Workload;
+using amp_training::run_precision;
 using amplab::Precision;
 using json = nlohmann::json;
 
@@ -90,61 +92,6 @@ double settle_peak(AmpLab& lab, double cold) {
   return peak;
 }
 
-// One row of the comparison: a model trained in one precision.
-struct PrecisionResult {
-  std::string model;
-  Precision precision = Precision::fp32;
-  bool loss_scaling = false;    // the GradScaler was enabled
-  std::string skipped_because;  // "" when it ran
-  amplab::Summary step_ms;      // ms per step: one sample per timed window (window time / steps)
-  double peak_mib = 0;          // from warm-up to the end (GPU: allocated by tensors; CPU: process RSS)
-  double final_loss = NAN, samples_per_s = 0, tflops = 0;  // tflops 0: the FLOPs are not counted
-  bool ran() const { return skipped_because.empty(); }
-  std::string label() const {  // "bf16-mixed", "fp16-mixed (no scaler)"
-    const bool usual = loss_scaling == amplab::needs_loss_scaling(precision);
-    return amplab::to_string(precision) + (usual ? "" : loss_scaling ? " (scaler)" : " (no scaler)");
-  }
-};
-
-// `warmup` untimed steps, then `repeats` windows of `window` steps queued back to back as a
-// training loop runs them (no host sync inside a window), each window timed as a whole.
-PrecisionResult run_precision(Workload& w, Precision precision, bool with_scaler, const AmpLab& lab) {
-  PrecisionResult r;
-  r.model = w.name;
-  r.precision = precision;
-  r.loss_scaling = with_scaler && amplab::needs_loss_scaling(precision);
-  if (!amplab::is_supported(precision, lab.device, &r.skipped_because)) return r;
-  const auto& settings = lab.config.train;
-  amplab::TrainConfig train;
-  train.precision = precision;
-  train.loss_scaling = with_scaler ? "auto" : "off";
-  train.grad_clip_norm = settings.grad_clip_norm;
-  train.fast_path = settings.fast_path;
-  train.optimizer = settings.optimizer;
-  train.grad_scaler = settings.grad_scaler;
-  w.reset();
-  const auto& bench = lab.config.amp.bench;
-  {
-    amplab::MemoryConfig untracked;  // the step alone: no per-phase readings
-    untracked.track = false;
-    amplab::Trainer trainer(w.model, w.loss_fn, train, lab.device, amplab::course_mechanisms(), untracked,
-                            amplab::make_fast_path_optimizer);
-    r.loss_scaling = trainer.scaler().is_enabled();
-    amplab::log::info("timing " + w.name + " " + r.label());
-    amplab::reset_peak_memory(lab.device);
-    torch::Tensor loss;
-    for (int i = 0; i < bench.warmup; ++i) loss = trainer.step(w.batch).loss;
-    amplab::synchronize(lab.device);
-    r.step_ms = amplab::summarize(
-        amplab::time_back_to_back([&] { loss = trainer.step(w.batch).loss; }, lab.device, bench.window, bench.repeats));
-    r.peak_mib = static_cast<double>(amplab::read_memory(lab.device).peak_allocated) / (1 << 20);
-    r.final_loss = loss.item<double>();  // one host sync, at the end
-  }  // optimizer state and the scaler go before the next precision is measured
-  r.samples_per_s = static_cast<double>(w.batch.size()) / (r.step_ms.median / 1e3);
-  r.tflops = w.flops_per_step / (r.step_ms.median / 1e3) / 1e12;
-  return r;
-}
-
 // Every model in every precision (fp16-mixed also without its scaler), with your train_step.
 std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::string& shapes) {
   const auto& amp = lab.config.amp;
@@ -158,10 +105,12 @@ std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::str
     for (const auto& name : amp.precisions) {
       Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
       lab.phase(model_name + " " + name);
-      rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab));
+      rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab.config, lab.device,
+                                   amplab::make_fast_path_optimizer));
       if (precision != Precision::fp16_mixed || !amp.scaler_cost || !rows.back().ran()) continue;
       lab.phase(model_name + " " + name + " (no scaler)");
-      rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab));
+      rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab.config, lab.device,
+                                   amplab::make_fast_path_optimizer));
     }
   }
   lab.results.set("models", models);
@@ -287,12 +236,8 @@ void record_overflow_trace(AmpLab& lab, uint64_t seed) {
     auto loss = torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
     return overflow ? loss * 1e38 : loss;  // finite in fp32; inf once multiplied by the loss scale
   };
-  amplab::TrainConfig train;
-  train.precision = precision;
-  train.loss_scaling = "on";
-  train.fast_path = lab.config.train.fast_path;
-  train.optimizer = lab.config.train.optimizer;
-  train.grad_scaler = lab.config.train.grad_scaler;
+  amplab::TrainConfig train{.precision = precision, .loss_scaling = "on", .fast_path = lab.config.train.fast_path,
+                            .optimizer = lab.config.train.optimizer, .grad_scaler = lab.config.train.grad_scaler};
   train.grad_scaler.growth_interval = c.growth_interval;
   amplab::Trainer training(net, loss_fn, train, lab.device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
   const auto parameters = training.parameters();

@@ -3,10 +3,14 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/measure/memory.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/models/small_cnn.hpp"
 #include "amplab/models/wide_mlp.hpp"
 #include "amplab/train/precision.hpp"
+#include "mechanisms.hpp"
 
 namespace amp_training {
 namespace {
@@ -66,5 +70,40 @@ Workload make_workload(const std::string& name, const AmpLabConfig& amp, torch::
   w.model->to(device);
   return w;
 }
+
+PrecisionResult run_precision(Workload& w, amplab::Precision precision, bool with_scaler, const AmpConfig& config,
+                              torch::Device device, const amplab::OptimizerFactory& fused_optimizer) {
+  PrecisionResult r;
+  r.model = w.name;
+  r.precision = precision;
+  r.loss_scaling = with_scaler && amplab::needs_loss_scaling(precision);
+  if (!amplab::is_supported(precision, device, &r.skipped_because)) return r;
+  const auto& settings = config.train;
+  const amplab::TrainConfig train{.precision = precision, .loss_scaling = with_scaler ? "auto" : "off",
+                                  .grad_clip_norm = settings.grad_clip_norm, .fast_path = settings.fast_path,
+                                  .optimizer = settings.optimizer, .grad_scaler = settings.grad_scaler};
+  w.reset();
+  const auto& bench = config.amp.bench;
+  {
+    amplab::MemoryConfig untracked;  // the step alone: no per-phase readings
+    untracked.track = false;
+    amplab::Trainer trainer(w.model, w.loss_fn, train, device, amplab::course_mechanisms(), untracked,
+                            fused_optimizer);
+    r.loss_scaling = trainer.scaler().is_enabled();
+    amplab::log::info("timing " + w.name + " " + r.label());
+    amplab::reset_peak_memory(device);
+    torch::Tensor loss;
+    for (int i = 0; i < bench.warmup; ++i) loss = trainer.step(w.batch).loss;
+    amplab::synchronize(device);
+    r.step_ms = amplab::summarize(
+        amplab::time_back_to_back([&] { loss = trainer.step(w.batch).loss; }, device, bench.window, bench.repeats));
+    r.peak_mib = static_cast<double>(amplab::read_memory(device).peak_allocated) / (1 << 20);
+    r.final_loss = loss.item<double>();  // one host sync, at the end
+  }  // optimizer state and the scaler go before the next precision is measured
+  r.samples_per_s = static_cast<double>(w.batch.size()) / (r.step_ms.median / 1e3);
+  r.tflops = w.flops_per_step / (r.step_ms.median / 1e3) / 1e12;
+  return r;
+}
+
 
 }  // namespace amp_training
