@@ -19,7 +19,6 @@
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
-#include "amplab/state/safetensors.hpp"
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/step_profile.hpp"
@@ -27,10 +26,13 @@
 #include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "prefetch.hpp"
+#include "weights.hpp"
 
 namespace {
 
 using mnist::MnistConfig;
+using mnist::load_init_weights;
+using mnist::save_weights;
 using Lab = amplab::Lab<MnistConfig>;
 
 // A run that stopped early (Ctrl-C, divergence, out of memory): ends the benchmark.
@@ -48,18 +50,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModeResult, mode, ran, skipped_because, epoch
 }  // namespace mnist
 
 namespace {
-
-// mnist.init_weights into `net` (on any device), or an amplab::Error of one line naming the key,
-// the file and what does not fit.
-void load_init_weights(mnist::Net& net, const std::string& path) {
-  try {
-    amplab::load_module_safetensors(*net, path);
-  } catch (const amplab::IoError&) {
-    throw;
-  } catch (const amplab::Error& e) {
-    throw amplab::Error(std::string("mnist.init_weights: ") + e.what());
-  }
-}
 
 // What the modes decide, refused before a run directory is made.
 std::optional<int> check_config(const MnistConfig& config, const amplab::ConfigSource& source) {
@@ -83,25 +73,6 @@ std::optional<int> check_config(const MnistConfig& config, const amplab::ConfigS
     load_init_weights(probe, config.mnist.init_weights);
   }
   return std::nullopt;
-}
-
-// The trained weights as model-<mode>.safetensors in the run directory, under the names
-// pytorch/examples' Net has in Python (bench/eval_safetensors.py evaluates them there), with the
-// accuracy this run measured in the metadata. Returns the path.
-std::string save_weights(mnist::Net& net, const mnist::ModeResult& result, const std::string& dataset, int64_t test_images,
-                         const amplab::RunDir& run) {
-  const std::string path = run.file("model-" + amplab::file_name_safe(result.mode) + ".safetensors");
-  char accuracy[32];
-  std::snprintf(accuracy, sizeof accuracy, "%.17g", result.test_accuracy.back());
-  amplab::save_module_safetensors(*net, path,
-                                  {{"format", "pt"},  // what Hugging Face's tools look for in a PyTorch state dict
-                                   {"lab", "mnist"},
-                                   {"mode", result.mode},
-                                   {"dataset", dataset},
-                                   {"epochs", std::to_string(result.test_accuracy.size())},
-                                   {"test_accuracy", accuracy},
-                                   {"test_images", std::to_string(test_images)}});
-  return path;
 }
 
 // Trains the modes one after the other, each resumable, and keeps what each measured.
