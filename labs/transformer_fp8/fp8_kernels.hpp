@@ -26,5 +26,12 @@ void abs_max_launch(const void* x, CastInput type, int64_t n, float* amax, cudaS
 // bit for bit what to_fp8 gives. out holds n bytes. Same argument rules as abs_max_launch.
 void to_fp8_launch(const void* x, CastInput type, int64_t n, const float* scale, bool e5m2, void* out,
                    cudaStream_t stream);
+// The same cast of a row-major (rows, cols) x, written twice: `out` row-major (rows, cols) and
+// `out_t` its transpose, row-major (cols, rows), which the FP8 matmuls of backward need. Copying
+// an fp8 tensor's transpose afterwards costs more than the cast itself; here each 64 x 64 tile is
+// read once and its bytes leave through shared memory a second time. rows and cols: multiples of
+// 16 (what the FP8 matmul needs), else an amplab::Error naming them; x 16-byte aligned.
+void to_fp8_transposed_launch(const void* x, CastInput type, int64_t rows, int64_t cols, const float* scale, bool e5m2,
+                              void* out, void* out_t, cudaStream_t stream);
 
 }  // namespace transformer_fp8

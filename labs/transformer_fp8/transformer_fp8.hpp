@@ -71,6 +71,18 @@ torch::Tensor to_fp8_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp
 torch::Tensor amax_for_cast(const torch::Tensor& x);
 torch::Tensor cast_to_fp8(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format);
 
+// An fp8 matrix in both layouts: `data` (rows, cols) and `transposed`, its transpose as a
+// contiguous (cols, rows) tensor (what an FP8 matmul of backward takes where the other layout
+// would need a copy).
+struct Fp8WithTranspose {
+  torch::Tensor data, transposed;
+};
+// Given: your transposing kernel on a 2-D CUDA x whose sizes are multiples of 16.
+Fp8WithTranspose to_fp8_transposed_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format);
+// Given: as cast_to_fp8, both layouts: your transposing kernel where it applies, otherwise the
+// cast and a copy of its transpose.
+Fp8WithTranspose cast_to_fp8_with_transpose(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format);
+
 // TODO(transformer_fp8-4): y = x w^T with both operands in e4m3, on torch's FP8 matmul
 // (at::_scaled_mm), as an autograd function: backward casts the output gradient to e5m2 and
 // computes the input and weight gradients with two more FP8 matmuls.

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 
 #include "amplab/infra/error.hpp"
@@ -37,7 +38,13 @@ bool kernels_agree_with_the_reference_casts() {
     if (!torch::equal(abs_max_fast(x), abs_max(x))) return false;
     for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
       torch::Tensor scale = torch::full({}, 0.5, options.dtype(torch::kFloat32));
-      if (!torch::equal(to_fp8_fast(x, scale, format).view(torch::kUInt8), to_fp8(x, scale, format).view(torch::kUInt8)))
+      const torch::Tensor reference = to_fp8(x, scale, format).view(torch::kUInt8);
+      if (!torch::equal(to_fp8_fast(x, scale, format).view(torch::kUInt8), reference)) return false;
+      const torch::Tensor matrix = x.narrow(0, 0, 4096).view({64, 64});
+      const torch::Tensor matrix_reference = reference.narrow(0, 0, 4096).view({64, 64});
+      const Fp8WithTranspose both = to_fp8_transposed_fast(matrix, scale, format);
+      if (!torch::equal(both.data.view(torch::kUInt8), matrix_reference) ||
+          !torch::equal(both.transposed.view(torch::kUInt8), matrix_reference.t()))
         return false;
     }
   }
@@ -84,12 +91,36 @@ torch::Tensor to_fp8_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp
   return out;
 }
 
+Fp8WithTranspose to_fp8_transposed_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
+  const CastInput type = cast_input(x, "to_fp8_transposed_fast");
+  if (x.dim() != 2) throw amplab::Error("to_fp8_transposed_fast: x must be 2-D, got " + std::to_string(x.dim()) + "-D");
+  if (scale.numel() != 1 || scale.scalar_type() != torch::kFloat32 || scale.device() != x.device())
+    throw amplab::Error("to_fp8_transposed_fast: scale must be one float32 value on x's device");
+  torch::Tensor input = x.contiguous();
+  if (reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 != 0) input = input.clone();  // a view's offset
+  const torch::Tensor s = scale.contiguous();
+  const c10::cuda::CUDAGuard guard(input.device());
+  const int64_t rows = input.size(0), cols = input.size(1);
+  Fp8WithTranspose result{torch::empty({rows, cols}, input.options().dtype(fp8_dtype(format))),
+                          torch::empty({cols, rows}, input.options().dtype(fp8_dtype(format)))};
+  to_fp8_transposed_launch(input.data_ptr(), type, rows, cols, s.data_ptr<float>(), format == Fp8Format::e5m2,
+                           result.data.data_ptr(), result.transposed.data_ptr(), at::cuda::getCurrentCUDAStream().stream());
+  return result;
+}
+
 torch::Tensor amax_for_cast(const torch::Tensor& x) {
   return x.is_cuda() && use_fast_casts() ? abs_max_fast(x) : abs_max(x);
 }
 
 torch::Tensor cast_to_fp8(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
   return x.is_cuda() && use_fast_casts() ? to_fp8_fast(x, scale, format) : to_fp8(x, scale, format);
+}
+
+Fp8WithTranspose cast_to_fp8_with_transpose(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
+  if (x.is_cuda() && x.dim() == 2 && x.size(0) % 16 == 0 && x.size(1) % 16 == 0 && use_fast_casts())
+    return to_fp8_transposed_fast(x, scale, format);
+  torch::Tensor data = cast_to_fp8(x, scale, format);
+  return {data, data.t().contiguous()};
 }
 
 }  // namespace transformer_fp8

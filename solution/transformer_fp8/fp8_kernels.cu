@@ -22,8 +22,15 @@ void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw amplab::Error(std::string(what) + ": CUDA error: " + cudaGetErrorString(status));
 }
 
-void check_count(const char* function, int64_t n) {
-  if (n < 0) throw amplab::Error(std::string(function) + ": n = " + std::to_string(n) + ": an element count must be >= 0");
+void check_count(const char* function, const char* name, int64_t value) {
+  if (value < 0)
+    throw amplab::Error(std::string(function) + ": " + name + " = " + std::to_string(value) + ": a size must be >= 0");
+}
+
+void check_multiple_of_16(const char* function, const char* name, int64_t value) {
+  if (value % 16 != 0)
+    throw amplab::Error(std::string(function) + ": " + name + " = " + std::to_string(value) +
+                        ": the FP8 matmul needs multiples of 16");
 }
 
 // One wave of resident blocks on the current device (2048 threads per SM on sm_80 and later):
@@ -121,6 +128,52 @@ __global__ void to_fp8_kernel(const T* __restrict__ x, int64_t n, bool vector, c
   // END SOLUTION
 }
 
+constexpr int kTile = 64;  // the transposing cast's tile: kTile x kTile elements per block
+
+template <class T, bool kE5m2>
+__global__ void to_fp8_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                         const float* __restrict__ scale, uint8_t* __restrict__ out,
+                                         uint8_t* __restrict__ out_t) {
+  // TODO(transformer_fp8-7): Block (blockIdx.y, blockIdx.x) owns the tile of rows row0..row0+63
+  // and columns col0..col0+63. First pass: each thread loads a 16-byte Pack of one tile row,
+  // casts it (saturated_fp8), stores the bytes to `out` (one Fp8Pack) and to the shared tile.
+  // __syncthreads(). Second pass: tile column c is row col0 + c of out_t; each thread gathers 8
+  // consecutive bytes of it (tile[r..r+7][c]) and stores them as one Fp8Pack<8>, so that a warp
+  // writes whole 64-byte runs of out_t. Pitfalls: the edge tiles (rows or cols not a multiple of
+  // 64: bound every load and store); index in int64 (rows * cols can exceed 2^31); pad the tile's
+  // rows so that the column reads of the second pass do not all hit one shared-memory bank.
+  // BEGIN SOLUTION DEVICE
+  using P = Pack<T>;
+  using Out = Fp8Pack<P::kCount>;
+  constexpr int kThreadsPerRow = kTile / P::kCount;
+  constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];
+  const int64_t row0 = int64_t{blockIdx.y} * kTile, col0 = int64_t{blockIdx.x} * kTile;
+  const float s = *scale;
+  const int c = (threadIdx.x % kThreadsPerRow) * P::kCount;
+  for (int r = threadIdx.x / kThreadsPerRow; r < kTile; r += kRowsPerPass) {
+    const int64_t row = row0 + r, col = col0 + c;
+    if (row >= rows || col >= cols) continue;
+    const P p = *reinterpret_cast<const P*>(x + row * cols + col);
+    Out o;
+#pragma unroll
+    for (int j = 0; j < P::kCount; ++j) o.v[j] = saturated_fp8<kE5m2>(as_float(p.v[j]) * s);
+    *reinterpret_cast<Out*>(out + row * cols + col) = o;
+    *reinterpret_cast<Out*>(&tile[r][c]) = o;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTile * (kTile / 8); i += kThreads) {
+    const int tile_col = i / 8, tile_row = (i % 8) * 8;
+    const int64_t out_row = col0 + tile_col, out_col = row0 + tile_row;
+    if (out_row >= cols || out_col >= rows) continue;
+    Fp8Pack<8> o;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o.v[j] = tile[tile_row + j][tile_col];
+    *reinterpret_cast<Fp8Pack<8>*>(out_t + out_row * rows + out_col) = o;
+  }
+  // END SOLUTION
+}
+
 template <class T>
 void launch_abs_max(const void* x, int64_t n, float* amax, cudaStream_t stream) {
   const bool vector = aligned16(x);
@@ -139,13 +192,23 @@ void launch_to_fp8(const void* x, int64_t n, const float* scale, bool e5m2, void
   check_cuda(cudaGetLastError(), "to_fp8_kernel");
 }
 
+template <class T>
+void launch_to_fp8_transposed(const void* x, int64_t rows, int64_t cols, const float* scale, bool e5m2, void* out,
+                              void* out_t, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  auto kernel = e5m2 ? to_fp8_transposed_kernel<T, true> : to_fp8_transposed_kernel<T, false>;
+  kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, scale, static_cast<uint8_t*>(out),
+                                        static_cast<uint8_t*>(out_t));
+  check_cuda(cudaGetLastError(), "to_fp8_transposed_kernel");
+}
+
 }  // namespace
 
 void abs_max_launch(const void* x, CastInput type, int64_t n, float* amax, cudaStream_t stream) {
   // TODO(transformer_fp8-7): Check n (check_count), launch nothing for n == 0 (before any CUDA
   // call: the tests call this without a GPU), then launch_abs_max for x's element type.
   // BEGIN SOLUTION
-  check_count("abs_max_launch", n);
+  check_count("abs_max_launch", "n", n);
   if (n == 0) return;
   switch (type) {
     case CastInput::f32: return launch_abs_max<float>(x, n, amax, stream);
@@ -159,12 +222,33 @@ void to_fp8_launch(const void* x, CastInput type, int64_t n, const float* scale,
                    cudaStream_t stream) {
   // TODO(transformer_fp8-7): The same checks, then launch_to_fp8 for x's element type.
   // BEGIN SOLUTION
-  check_count("to_fp8_launch", n);
+  check_count("to_fp8_launch", "n", n);
   if (n == 0) return;
   switch (type) {
     case CastInput::f32: return launch_to_fp8<float>(x, n, scale, e5m2, out, stream);
     case CastInput::bf16: return launch_to_fp8<__nv_bfloat16>(x, n, scale, e5m2, out, stream);
     case CastInput::f16: return launch_to_fp8<__half>(x, n, scale, e5m2, out, stream);
+  }
+  // END SOLUTION
+}
+
+void to_fp8_transposed_launch(const void* x, CastInput type, int64_t rows, int64_t cols, const float* scale, bool e5m2,
+                              void* out, void* out_t, cudaStream_t stream) {
+  // TODO(transformer_fp8-7): Check rows and cols (check_count; multiples of 16:
+  // check_multiple_of_16; rows / 64 blocks must fit gridDim.y), nothing for an empty x, then
+  // launch_to_fp8_transposed for x's element type.
+  // BEGIN SOLUTION
+  check_count("to_fp8_transposed_launch", "rows", rows);
+  check_count("to_fp8_transposed_launch", "cols", cols);
+  check_multiple_of_16("to_fp8_transposed_launch", "rows", rows);
+  check_multiple_of_16("to_fp8_transposed_launch", "cols", cols);
+  if (rows / kTile >= 65535)
+    throw amplab::Error("to_fp8_transposed_launch: rows = " + std::to_string(rows) + ": at most 65535 tiles of 64 rows");
+  if (rows == 0 || cols == 0) return;
+  switch (type) {
+    case CastInput::f32: return launch_to_fp8_transposed<float>(x, rows, cols, scale, e5m2, out, out_t, stream);
+    case CastInput::bf16: return launch_to_fp8_transposed<__nv_bfloat16>(x, rows, cols, scale, e5m2, out, out_t, stream);
+    case CastInput::f16: return launch_to_fp8_transposed<__half>(x, rows, cols, scale, e5m2, out, out_t, stream);
   }
   // END SOLUTION
 }

@@ -95,11 +95,12 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                                                torch::autograd::tensor_list grad_outputs);
 };
 
-// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (cast_to_fp8:
-// your to_fp8, or your TODO 7 kernel on a GPU once it is done), keep the fp8 tensors and scales
-// for backward (ctx->save_for_backward: half the bytes of bf16, which is part of what FP8
-// saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
-// out_dtype=x's dtype).
+// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales, each in both
+// layouts (cast_to_fp8_with_transpose: your to_fp8 and a copy of its transpose, or your TODO 7
+// kernel on a GPU once it is done), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b,
+// bias={}, out_dtype=x's dtype). Keep for backward (ctx->save_for_backward) what its two matmuls
+// take: the transposed layouts and the scales; fp8 is half the bytes of bf16, which is part of
+// what FP8 saves.
 // Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
 // accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
 // operand; sizes multiples of 16 on a GPU; scale_a and scale_b are the *dequantization* factors
@@ -108,43 +109,41 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
                                          const torch::Tensor& weight, const torch::Tensor& x_scale,
                                          const torch::Tensor& w_scale) {
   // BEGIN SOLUTION
-  torch::Tensor x8 = cast_to_fp8(x, x_scale, Fp8Format::e4m3);       // (N, in)
-  torch::Tensor w8 = cast_to_fp8(weight, w_scale, Fp8Format::e4m3);  // (out, in)
+  Fp8WithTranspose x8 = cast_to_fp8_with_transpose(x, x_scale, Fp8Format::e4m3);       // (N, in), (in, N)
+  Fp8WithTranspose w8 = cast_to_fp8_with_transpose(weight, w_scale, Fp8Format::e4m3);  // (out, in), (in, out)
   torch::Tensor x_inv = x_scale.to(torch::kFloat32).reciprocal(), w_inv = w_scale.to(torch::kFloat32).reciprocal();
-  ctx->save_for_backward({x8, w8, x_inv, w_inv});
+  ctx->save_for_backward({x8.transposed, w8.transposed, x_inv, w_inv});
   ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
   ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-  return at::_scaled_mm(x8, w8.t(), x_inv, w_inv, /*bias=*/{}, /*scale_result=*/{}, x.scalar_type());
+  return at::_scaled_mm(x8.data, w8.data.t(), x_inv, w_inv, /*bias=*/{}, /*scale_result=*/{}, x.scalar_type());
   // END SOLUTION
 }
 
 // TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
-// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8: gradients need e5m2's range more than
-// e4m3's precision):
+// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8_with_transpose: gradients need e5m2's
+// range more than e4m3's precision):
 //   dL/dx = g w       (N, out) x (out, in), in x's dtype
 //   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
-// Each on _scaled_mm: the first operand row-major (g^T: transpose, then make it contiguous), the
-// second column-major (the transpose of a contiguous copy of its transpose). Return one gradient
-// per forward input: {dx, dw, undefined, undefined} (the scales get none).
+// Each on _scaled_mm: the first operand row-major (g, or g^T's own row-major copy), the second
+// column-major: the .t() of a row-major transpose saved in forward. Return one gradient per
+// forward input: {dx, dw, undefined, undefined} (the scales get none).
 // Pitfall: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is.
 torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                          torch::autograd::tensor_list grad_outputs) {
   // BEGIN SOLUTION
   auto saved = ctx->get_saved_variables();
-  const torch::Tensor& x8 = saved[0];
-  const torch::Tensor& w8 = saved[1];
+  const torch::Tensor& x8_t = saved[0];  // (in, N)
+  const torch::Tensor& w8_t = saved[1];  // (in, out)
   const torch::Tensor& x_inv = saved[2];
   const torch::Tensor& w_inv = saved[3];
   auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
   auto w_dtype = static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt());
   torch::Tensor g = grad_outputs[0].contiguous();  // (N, out)
   torch::Tensor g_scale = scale_from_amax(amax_for_cast(g), Fp8Format::e5m2);
-  torch::Tensor g8 = cast_to_fp8(g, g_scale, Fp8Format::e5m2);
+  Fp8WithTranspose g8 = cast_to_fp8_with_transpose(g, g_scale, Fp8Format::e5m2);  // (N, out), (out, N)
   torch::Tensor g_inv = g_scale.reciprocal();
-  torch::Tensor column_major_w = w8.t().contiguous().t();  // (out, in), column-major
-  torch::Tensor dx = at::_scaled_mm(g8, column_major_w, g_inv, w_inv, {}, {}, x_dtype);
-  torch::Tensor column_major_x = x8.t().contiguous().t();  // (N, in), column-major
-  torch::Tensor dw = at::_scaled_mm(g8.t().contiguous(), column_major_x, g_inv, x_inv, {}, {}, torch::kFloat32);
+  torch::Tensor dx = at::_scaled_mm(g8.data, w8_t.t(), g_inv, w_inv, {}, {}, x_dtype);
+  torch::Tensor dw = at::_scaled_mm(g8.transposed, x8_t.t(), g_inv, x_inv, {}, {}, torch::kFloat32);
   return {dx, dw.to(w_dtype), torch::Tensor(), torch::Tensor()};
   // END SOLUTION
 }

@@ -24,8 +24,15 @@ void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw amplab::Error(std::string(what) + ": CUDA error: " + cudaGetErrorString(status));
 }
 
-void check_count(const char* function, int64_t n) {
-  if (n < 0) throw amplab::Error(std::string(function) + ": n = " + std::to_string(n) + ": an element count must be >= 0");
+void check_count(const char* function, const char* name, int64_t value) {
+  if (value < 0)
+    throw amplab::Error(std::string(function) + ": " + name + " = " + std::to_string(value) + ": a size must be >= 0");
+}
+
+void check_multiple_of_16(const char* function, const char* name, int64_t value) {
+  if (value % 16 != 0)
+    throw amplab::Error(std::string(function) + ": " + name + " = " + std::to_string(value) +
+                        ": the FP8 matmul needs multiples of 16");
 }
 
 // One wave of resident blocks on the current device (2048 threads per SM on sm_80 and later):
@@ -87,6 +94,23 @@ __global__ void to_fp8_kernel(const T* __restrict__ x, int64_t n, bool vector, c
   AMPLAB_TODO_DEVICE("transformer_fp8-7");
 }
 
+constexpr int kTile = 64;  // the transposing cast's tile: kTile x kTile elements per block
+
+template <class T, bool kE5m2>
+__global__ void to_fp8_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                         const float* __restrict__ scale, uint8_t* __restrict__ out,
+                                         uint8_t* __restrict__ out_t) {
+  // TODO(transformer_fp8-7): Block (blockIdx.y, blockIdx.x) owns the tile of rows row0..row0+63
+  // and columns col0..col0+63. First pass: each thread loads a 16-byte Pack of one tile row,
+  // casts it (saturated_fp8), stores the bytes to `out` (one Fp8Pack) and to the shared tile.
+  // __syncthreads(). Second pass: tile column c is row col0 + c of out_t; each thread gathers 8
+  // consecutive bytes of it (tile[r..r+7][c]) and stores them as one Fp8Pack<8>, so that a warp
+  // writes whole 64-byte runs of out_t. Pitfalls: the edge tiles (rows or cols not a multiple of
+  // 64: bound every load and store); index in int64 (rows * cols can exceed 2^31); pad the tile's
+  // rows so that the column reads of the second pass do not all hit one shared-memory bank.
+  AMPLAB_TODO_DEVICE("transformer_fp8-7");
+}
+
 template <class T>
 void launch_abs_max(const void* x, int64_t n, float* amax, cudaStream_t stream) {
   const bool vector = aligned16(x);
@@ -105,6 +129,16 @@ void launch_to_fp8(const void* x, int64_t n, const float* scale, bool e5m2, void
   check_cuda(cudaGetLastError(), "to_fp8_kernel");
 }
 
+template <class T>
+void launch_to_fp8_transposed(const void* x, int64_t rows, int64_t cols, const float* scale, bool e5m2, void* out,
+                              void* out_t, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  auto kernel = e5m2 ? to_fp8_transposed_kernel<T, true> : to_fp8_transposed_kernel<T, false>;
+  kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols, scale, static_cast<uint8_t*>(out),
+                                        static_cast<uint8_t*>(out_t));
+  check_cuda(cudaGetLastError(), "to_fp8_transposed_kernel");
+}
+
 }  // namespace
 
 void abs_max_launch(const void* x, CastInput type, int64_t n, float* amax, cudaStream_t stream) {
@@ -116,6 +150,14 @@ void abs_max_launch(const void* x, CastInput type, int64_t n, float* amax, cudaS
 void to_fp8_launch(const void* x, CastInput type, int64_t n, const float* scale, bool e5m2, void* out,
                    cudaStream_t stream) {
   // TODO(transformer_fp8-7): The same checks, then launch_to_fp8 for x's element type.
+  AMPLAB_TODO("transformer_fp8-7");
+}
+
+void to_fp8_transposed_launch(const void* x, CastInput type, int64_t rows, int64_t cols, const float* scale, bool e5m2,
+                              void* out, void* out_t, cudaStream_t stream) {
+  // TODO(transformer_fp8-7): Check rows and cols (check_count; multiples of 16:
+  // check_multiple_of_16; rows / 64 blocks must fit gridDim.y), nothing for an empty x, then
+  // launch_to_fp8_transposed for x's element type.
   AMPLAB_TODO("transformer_fp8-7");
 }
 

@@ -74,11 +74,12 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                                                torch::autograd::tensor_list grad_outputs);
 };
 
-// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales (cast_to_fp8:
-// your to_fp8, or your TODO 7 kernel on a GPU once it is done), keep the fp8 tensors and scales
-// for backward (ctx->save_for_backward: half the bytes of bf16, which is part of what FP8
-// saves), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b, bias={},
-// out_dtype=x's dtype).
+// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales, each in both
+// layouts (cast_to_fp8_with_transpose: your to_fp8 and a copy of its transpose, or your TODO 7
+// kernel on a GPU once it is done), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b,
+// bias={}, out_dtype=x's dtype). Keep for backward (ctx->save_for_backward) what its two matmuls
+// take: the transposed layouts and the scales; fp8 is half the bytes of bf16, which is part of
+// what FP8 saves.
 // Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
 // accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
 // operand; sizes multiples of 16 on a GPU; scale_a and scale_b are the *dequantization* factors
@@ -90,13 +91,13 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 }
 
 // TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
-// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8: gradients need e5m2's range more than
-// e4m3's precision):
+// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8_with_transpose: gradients need e5m2's
+// range more than e4m3's precision):
 //   dL/dx = g w       (N, out) x (out, in), in x's dtype
 //   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
-// Each on _scaled_mm: the first operand row-major (g^T: transpose, then make it contiguous), the
-// second column-major (the transpose of a contiguous copy of its transpose). Return one gradient
-// per forward input: {dx, dw, undefined, undefined} (the scales get none).
+// Each on _scaled_mm: the first operand row-major (g, or g^T's own row-major copy), the second
+// column-major: the .t() of a row-major transpose saved in forward. Return one gradient per
+// forward input: {dx, dw, undefined, undefined} (the scales get none).
 // Pitfall: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is.
 torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                          torch::autograd::tensor_list grad_outputs) {

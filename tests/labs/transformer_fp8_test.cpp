@@ -22,6 +22,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amplab/measure/timing.hpp"
@@ -569,13 +570,21 @@ TEST(Transformer7_FastCasts, BadCountsAreErrorsAndEmptyLaunchesNothing) {
                       {"abs_max_launch", "n = -1"}));
   EXPECT_TRUE(rejects([] { lab::to_fp8_launch(nullptr, lab::CastInput::f32, -3, nullptr, false, nullptr, nullptr); },
                       {"to_fp8_launch", "n = -3"}));
+  EXPECT_TRUE(rejects([] { lab::to_fp8_transposed_launch(nullptr, lab::CastInput::bf16, -16, 32, nullptr, false, nullptr,
+                                                         nullptr, nullptr); },
+                      {"to_fp8_transposed_launch", "rows = -16"}));
+  EXPECT_TRUE(rejects([] { lab::to_fp8_transposed_launch(nullptr, lab::CastInput::bf16, 32, 24, nullptr, false, nullptr,
+                                                         nullptr, nullptr); },
+                      {"to_fp8_transposed_launch", "cols = 24", "16"}));
   lab::abs_max_launch(nullptr, lab::CastInput::bf16, 0, nullptr, nullptr);  // empty: no launch, no GPU needed
   lab::to_fp8_launch(nullptr, lab::CastInput::f16, 0, nullptr, true, nullptr, nullptr);
+  lab::to_fp8_transposed_launch(nullptr, lab::CastInput::f32, 0, 64, nullptr, false, nullptr, nullptr, nullptr);
 }
 
 // The kernels against TODO 3's functions, byte for byte: float32, bf16 and fp16; sizes below one
 // 16-byte pack, with and without a tail; a view that starts one element past 16-byte alignment;
-// scales that saturate part of the tensor in both formats; and a NaN, which amax must keep.
+// scales that saturate part of the tensor in both formats; the transposing cast on whole and edge
+// tiles; and a NaN, which amax must keep.
 TEST(Transformer7_FastCasts, MatchTheTensorCastsBitForBit_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   torch::Device gpu(torch::kCUDA, 0);
@@ -594,6 +603,21 @@ TEST(Transformer7_FastCasts, MatchTheTensorCastsBitForBit_CUDA) {
           ASSERT_TRUE(torch::equal(bytes(lab::to_fp8_fast(x, scale, format)), bytes(lab::to_fp8(x, scale, format))))
               << (format == Fp8Format::e4m3 ? "e4m3, " : "e5m2, ") << where;
         }
+      }
+    }
+  // The transposing cast: whole 64 x 64 tiles, edge tiles in both directions, one tile smaller
+  // than 64 x 64, and a matrix taller than wide.
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {80, 48}, {16, 16}, {1040, 272}, {256, 2064}}) {
+      torch::Tensor x = (torch::randn({rows, cols}, gpu) * 1e4).to(dtype);
+      const std::string where = std::string(c10::toString(dtype)) + ", " + std::to_string(rows) + " x " + std::to_string(cols);
+      for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+        torch::Tensor scale = lab::scale_from_amax(lab::abs_max(x), format) * 4;
+        torch::Tensor reference = bytes(lab::to_fp8(x, scale, format));
+        lab::Fp8WithTranspose both = lab::to_fp8_transposed_fast(x, scale, format);
+        ASSERT_EQ(both.transposed.sizes(), torch::IntArrayRef({cols, rows})) << where;
+        ASSERT_TRUE(torch::equal(bytes(both.data), reference)) << "the row-major cast, " << where;
+        ASSERT_TRUE(torch::equal(bytes(both.transposed), reference.t())) << "the transpose, " << where;
       }
     }
   torch::Tensor with_nan = torch::randn({4099}, gpu).to(torch::kBFloat16);
