@@ -2,17 +2,20 @@
 """The transformer_fp8 lab's GPT in Python PyTorch: the anchor to compare build/bin/transformer_fp8 with.
 
 Same model as labs/transformer_fp8/gpt.hpp (nanoGPT's: token + position embeddings, pre-LayerNorm
-blocks, causal self-attention, a 4x GELU MLP, bias-free linears, the head tied to the token
-embedding, nanoGPT's initialisation), same data (data/shakespeare/{train,val}.txt, characters,
-the vocabulary of both files), same optimizer (fused AdamW lr 1e-3, betas 0.9/0.99, weight decay
-0.1 on every parameter, as the lab's config), clipping at 1.0, same steps and evaluations, same
+blocks, causal self-attention, a 4x GELU MLP, no biases in the linears and LayerNorms, the head
+tied to the token embedding, nanoGPT's initialisation), same data (data/shakespeare/{train,val}.txt,
+characters, the vocabulary of both files), same optimizer (nanoGPT's: fused AdamW lr 1e-3, betas
+0.9/0.99, weight decay 0.1 on the 2-D parameters only, as the lab's config), nanoGPT's schedule
+(linear warm-up over --lr-warmup steps, then a cosine down to --min-lr at --lr-decay-steps),
+clipping at 1.0, same steps and evaluations, same
 timing (the steps after --warmup, the device synchronized around each step; evaluations left
 out). Rows: fp32, tf32, fp16 (torch.amp.GradScaler), fp16-no-scaler, bf16, bf16-math (attention
 written out instead of SDPA), and with --compile, bf16-compile (torch.compile of the model).
 
     .venv/bin/python bench/gpt_reference.py [--steps 300] [--rows fp32,bf16] [--json out.json]
-    .venv/bin/python bench/gpt_reference.py --device cpu --n-layer 2 --n-head 4 --n-embd 128 \\
-        --block-size 64 --batch 16 --steps 20 --rows fp32,bf16      # the CPU sizes, a smoke test
+    .venv/bin/python bench/gpt_reference.py --device cpu --n-layer 2 --n-head 4 --n-embd 64 \\
+        --block-size 64 --batch 16 --steps 200 --eval-every 50 --eval-iters 8 --lr-warmup 20 \\
+        --rows fp32,bf16                                         # the app's cpu: section
 """
 import argparse
 import json
@@ -40,7 +43,11 @@ def parse_args():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=10, help="first steps left out of ms/step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr", type=float, default=1e-4)
+    p.add_argument("--lr-warmup", type=int, default=100, help="steps of learning-rate warm-up (nanoGPT's warmup_iters)")
+    p.add_argument("--lr-decay-steps", type=int, default=5000, help="nanoGPT's lr_decay_iters")
     p.add_argument("--rows", default="fp32,tf32,fp16,fp16-no-scaler,bf16,bf16-math")
     p.add_argument("--compile", action="store_true", help="also bf16 with torch.compile")
     p.add_argument("--seed", type=int, default=0)
@@ -73,7 +80,7 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, a, math_path):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(a.n_embd), nn.LayerNorm(a.n_embd)
+        self.ln1, self.ln2 = nn.LayerNorm(a.n_embd, bias=False), nn.LayerNorm(a.n_embd, bias=False)
         self.attn = Attention(a, math_path)
         self.fc = nn.Linear(a.n_embd, 4 * a.n_embd, bias=False)
         self.fc_proj = nn.Linear(4 * a.n_embd, a.n_embd, bias=False)
@@ -90,7 +97,7 @@ class Gpt(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, a.n_embd), nn.Embedding(a.block_size, a.n_embd)
         self.drop = nn.Dropout(a.dropout)
         self.blocks = nn.ModuleList(Block(a, math_path) for _ in range(a.n_layer))
-        self.ln_f = nn.LayerNorm(a.n_embd)
+        self.ln_f = nn.LayerNorm(a.n_embd, bias=False)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, 0.0, 0.02)
@@ -123,6 +130,24 @@ def batch(split, a, dev):
     return windows[:, :-1], windows[:, 1:]
 
 
+def learning_rate(a, it):
+    """nanoGPT's get_lr: linear warm-up, then a cosine from --lr down to --min-lr."""
+    if it < a.lr_warmup:
+        return a.lr * (it + 1) / (a.lr_warmup + 1)
+    if it > a.lr_decay_steps:
+        return a.min_lr
+    decayed = (it - a.lr_warmup) / (a.lr_decay_steps - a.lr_warmup)
+    return a.min_lr + 0.5 * (1.0 + math.cos(math.pi * decayed)) * (a.lr - a.min_lr)
+
+
+def optimizer_of(a, model):
+    """nanoGPT's configure_optimizers: weight decay on the matrices, none on the LayerNorms."""
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.99), fused=True)
+
+
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -133,7 +158,7 @@ def run_row(a, row, data, dev):
     torch.manual_seed(a.seed)
     model = Gpt(a, vocab, math_path=row == "bf16-math").to(dev)
     step_model = torch.compile(model) if row == "bf16-compile" else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+    optimizer = optimizer_of(a, model)
     dtype = {"fp16": torch.float16, "fp16-no-scaler": torch.float16}.get(row, torch.bfloat16)
     autocast = row not in ("fp32", "tf32")
     torch.backends.cuda.matmul.allow_tf32 = row == "tf32"
@@ -143,6 +168,8 @@ def run_row(a, row, data, dev):
         torch.cuda.reset_peak_memory_stats()
     for step in range(1, a.steps + 1):
         x, y = batch(train, a, dev)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(a, step - 1)
         sync(dev)
         start = time.perf_counter()
         with torch.autocast(dev.type, dtype=dtype, enabled=autocast):

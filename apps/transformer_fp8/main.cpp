@@ -65,6 +65,7 @@ struct Setting {
   torch::Device device;
   uint64_t seed;
   amplab::StepSettings train;
+  tf8::LrSchedule schedule;
 };
 
 struct RunResult {  // NaN where the row did not run
@@ -73,10 +74,26 @@ struct RunResult {  // NaN where the row did not run
   tf8::Gpt model{nullptr};
 };
 
+// nanoGPT's optimizer: the fast path's (or torch's) over the matrices with
+// train.optimizer.weight_decay, and a second group, the LayerNorms' weights, without it.
+std::unique_ptr<torch::optim::Optimizer> gpt_optimizer(const std::vector<torch::Tensor>& parameters,
+                                                       const amplab::TrainConfig& config) {
+  auto [decayed, not_decayed] = tf8::split_for_weight_decay(parameters);
+  std::unique_ptr<torch::optim::Optimizer> optimizer = amplab::make_fast_path_optimizer(decayed, config);
+  if (not_decayed.empty()) return optimizer;
+  std::unique_ptr<torch::optim::OptimizerOptions> options = optimizer->defaults().clone();
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) adamw->weight_decay(0);
+  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(options.get())) adam->weight_decay(0);
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(options.get())) sgd->weight_decay(0);
+  optimizer->add_param_group(torch::optim::OptimizerParamGroup(not_decayed, std::move(options)));
+  return optimizer;
+}
+
 // Trains one row from the seed: lab 2's training step (autocast, GradScaler) through the core's
-// trainer. ms/step counts the steps after `warmup`, with the device synchronized around each; the
-// evaluations (the mean loss of `eval_iters` validation batches, in eval mode and the row's
-// autocast) are left out of it, and each adds a row to `losses` when given.
+// trainer, with nanoGPT's optimizer groups and learning-rate schedule. ms/step counts the steps
+// after `warmup`, with the device synchronized around each; the evaluations (the mean loss of
+// `eval_iters` validation batches, in eval mode and the row's autocast) are left out of it, and
+// each adds a row to `losses` when given.
 RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* losses) {
   RunResult r;
   r.name = v.name;
@@ -95,7 +112,7 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   amplab::MemoryConfig untracked;
   untracked.track = false;
   amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },
-                          train, s.device, amplab::course_mechanisms(), untracked, amplab::make_fast_path_optimizer);
+                          train, s.device, amplab::course_mechanisms(), untracked, gpt_optimizer);
   auto validation_loss = [&] {
     torch::NoGradGuard no_grad;
     model->eval();
@@ -112,6 +129,7 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   double timed_ms = 0;
   for (int64_t step = 1; step <= s.steps; ++step) {
     auto [x, y] = s.data->batch(s.data->train, s.batch, options.block_size, s.device);
+    amplab::set_learning_rate(trainer.optimizer(), s.schedule.at(step - 1));
     amplab::synchronize(s.device);
     amplab::Stopwatch clock;
     torch::Tensor loss = trainer.step(amplab::Batch{x, y}).loss;
@@ -174,8 +192,10 @@ Setting setting_of(Lab& lab, const tf8::CharData& data) {
   lab.results.set("tokens_per_step", tokens);
   lab.results.set("steps", study.steps);
   lab.results.set("fast_path", lab.config.train.fast_path);
+  const tf8::LrSchedule schedule{.lr = lab.config.train.optimizer.lr, .min_lr = study.min_lr,
+                                 .warmup_steps = study.lr_warmup_steps, .decay_steps = study.lr_decay_steps};
   return Setting{&data, o, g.batch, study.steps, study.eval_every, study.eval_iters, std::min(study.warmup, study.steps - 1),
-                 lab.device, static_cast<uint64_t>(lab.config.run.seed), lab.config.train};
+                 lab.device, static_cast<uint64_t>(lab.config.run.seed), lab.config.train, schedule};
 }
 
 // Trains each row of study.rows: every evaluation (losses) and the precision table (ms/step,
@@ -338,17 +358,32 @@ void write_sample(Lab& lab, const std::vector<RunResult>& rows, const tf8::CharD
   }
 }
 
+// The learning rate follows study.lr_* (nanoGPT's schedule); the core's schedule keys would be ignored.
+void check_schedule(const LabConfig& config) {
+  const amplab::OptimizerConfig& o = config.train.optimizer;
+  if (o.schedule != "constant" || o.warmup != 0)
+    throw amplab::Error("train.optimizer.schedule/warmup: this lab follows nanoGPT's schedule; set study.lr_warmup_steps, "
+                        "study.lr_decay_steps and study.min_lr instead");
+  if (config.study.lr_decay_steps <= config.study.lr_warmup_steps)
+    throw amplab::Error("study.lr_decay_steps (" + std::to_string(config.study.lr_decay_steps) +
+                        ") must be larger than study.lr_warmup_steps (" + std::to_string(config.study.lr_warmup_steps) + ")");
+  if (config.study.min_lr > o.lr)
+    throw amplab::Error("study.min_lr (" + std::to_string(config.study.min_lr) + ") must not exceed train.optimizer.lr (" +
+                        std::to_string(o.lr) + ")");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const amplab::LabInfo info{.name = "transformer_fp8",
                              .title = "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
                              .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer"};
-  auto text_is_there = [](const LabConfig& config, const amplab::ConfigSource&) -> std::optional<int> {
+  auto check = [](const LabConfig& config, const amplab::ConfigSource&) -> std::optional<int> {
+    check_schedule(config);
     tf8::CharData::load(config.data.dir);  // before the run directory: a missing text is one line
     return std::nullopt;
   };
-  return amplab::lab_main<LabConfig>(argc, argv, info, text_is_there, [](Lab& lab) {
+  return amplab::lab_main<LabConfig>(argc, argv, info, check, [](Lab& lab) {
     const tf8::CharData data = tf8::CharData::load(lab.config.data.dir);
     const Setting s = setting_of(lab, data);
     const std::vector<RunResult> rows = precision_study(lab, s);

@@ -38,6 +38,8 @@ struct GptConfig {
 struct StudyConfig {
   std::vector<std::string> rows = {"fp32", "tf32", "fp16", "fp16-no-scaler", "bf16", "fp8"};
   int64_t steps = 300, eval_every = 100, eval_iters = 20, warmup = 10, attention_steps = 30, sample_tokens = 300;
+  int64_t lr_warmup_steps = 100, lr_decay_steps = 5000;  // nanoGPT's Shakespeare-char schedule
+  double min_lr = 1e-4;
   bool attention_study = true, fp8_mlp = true, plots = true;
   template <class V>
   void fields(V& v) {
@@ -46,6 +48,11 @@ struct StudyConfig {
     v.field("eval_every", eval_every, "steps between validation losses", Range<int64_t>::at_least(1));
     v.field("eval_iters", eval_iters, "validation batches per evaluation", Range<int64_t>::at_least(1));
     v.field("warmup", warmup, "first steps left out of ms/step", Range<int64_t>::at_least(0));
+    v.field("lr_warmup_steps", lr_warmup_steps, "steps over which the learning rate rises linearly to train.optimizer.lr (nanoGPT's warmup_iters)",
+            Range<int64_t>::at_least(0));
+    v.field("lr_decay_steps", lr_decay_steps, "step where the cosine decay after the warm-up reaches min_lr (nanoGPT's lr_decay_iters)",
+            Range<int64_t>::at_least(1));
+    v.field("min_lr", min_lr, "learning rate at the end of the cosine decay (nanoGPT's min_lr)", Range<double>::at_least(0));
     v.field("attention_study", attention_study, "time math, safe and SDPA attention");
     v.field("attention_steps", attention_steps, "steps per attention kind", Range<int64_t>::at_least(2));
     v.field("fp8_mlp", fp8_mlp, "GPU: the FP8 MLP (4 x Linear(8192), batch 8192) and matmul tables against bf16");

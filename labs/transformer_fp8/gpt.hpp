@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transformer_fp8.hpp"
@@ -51,6 +52,15 @@ class Float8LinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Float8Linear);
 
+// LayerNorm with a weight and no bias (nanoGPT's Shakespeare-char model has no biases at all).
+class BiasFreeLayerNormImpl : public torch::nn::Module {
+ public:
+  explicit BiasFreeLayerNormImpl(int64_t width);
+  torch::Tensor forward(const torch::Tensor& x);  // normalized over the last dimension, times weight
+  torch::Tensor weight;
+};
+TORCH_MODULE(BiasFreeLayerNorm);
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptOptions& o);
@@ -73,7 +83,7 @@ class BlockImpl : public torch::nn::Module {
   Float8Linear fc{nullptr}, fc_proj{nullptr};  // the MLP: C -> 4C, GELU, 4C -> C
 
  private:
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  BiasFreeLayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Dropout mlp_dropout_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -92,9 +102,23 @@ class GptImpl : public torch::nn::Module {
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};  // token (also the head's weight: tied), position
   torch::nn::Dropout drop_{nullptr};
   std::vector<Block> blocks_;
-  torch::nn::LayerNorm ln_f_{nullptr};
+  BiasFreeLayerNorm ln_f_{nullptr};
 };
 TORCH_MODULE(Gpt);
+
+// nanoGPT's training recipe around the model (its train.py and configure_optimizers).
+// The learning rate of 0-based step `it`: linear warm-up to `lr` over `warmup_steps`
+// (lr * (it + 1) / (warmup_steps + 1)), then a cosine from `lr` down to `min_lr` at `decay_steps`,
+// `min_lr` after that.
+struct LrSchedule {
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup_steps = 100, decay_steps = 5000;
+  double at(int64_t it) const;
+};
+// Weight decay on the matrices only (linear weights, embeddings: 2-D and more), none on the
+// LayerNorms' weights: `parameters` split into {decayed, not decayed}.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(
+    const std::vector<torch::Tensor>& parameters);
 
 // The MLP of the lab's FP8 speed table (given): `layers` x Float8Linear(width, width) with ReLU
 // between, fp32 weights (the master copy), and one training step's forward and backward of a

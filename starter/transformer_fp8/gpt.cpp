@@ -3,8 +3,9 @@
 // Lab 7: the given GPT and its character data (no TODOs here; yours are in transformer_fp8.cpp).
 // The model is nanoGPT's (token + position embeddings, pre-LayerNorm blocks of causal
 // self-attention and a 4x GELU MLP, a final LayerNorm, the head tied to the token embedding),
-// with bias-free linear layers, initialised as nanoGPT does: N(0, 0.02), the projections back into
-// the residual stream N(0, 0.02 / sqrt(2 * n_layer)).
+// without biases (linear layers and LayerNorms, as nanoGPT's bias=False), initialised as nanoGPT
+// does: N(0, 0.02), the projections back into the residual stream N(0, 0.02 / sqrt(2 * n_layer)),
+// LayerNorm weights 1.
 #include "gpt.hpp"
 
 #include <ATen/autocast_mode.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <numbers>
 #include <set>
 
 #include "amplab/infra/env.hpp"
@@ -77,6 +79,14 @@ torch::Tensor Float8LinearImpl::forward(const torch::Tensor& x) {
   return fp8_linear(flat, weight, x_scale, w_scale).view(shape);
 }
 
+BiasFreeLayerNormImpl::BiasFreeLayerNormImpl(int64_t width) {
+  weight = register_parameter("weight", torch::ones({width}));
+}
+
+torch::Tensor BiasFreeLayerNormImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {weight.size(0)}, weight, /*bias=*/{}, /*eps=*/1e-5);
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o)
     : n_head_(o.n_head), dropout_(o.dropout), attention_(o.attention) {
   qkv = register_module("qkv", Float8Linear(o.n_embd, 3 * o.n_embd, o.linear, o.scaling, o.amax_history));
@@ -103,9 +113,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GptOptions& o) {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  ln1_ = register_module("ln1", BiasFreeLayerNorm(o.n_embd));
   attn = register_module("attn", CausalSelfAttention(o));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  ln2_ = register_module("ln2", BiasFreeLayerNorm(o.n_embd));
   fc = register_module("fc", Float8Linear(o.n_embd, 4 * o.n_embd, o.linear, o.scaling, o.amax_history));
   fc_proj = register_module("fc_proj", Float8Linear(4 * o.n_embd, o.n_embd, o.linear, o.scaling, o.amax_history));
   mlp_dropout_ = register_module("mlp_dropout", torch::nn::Dropout(o.dropout));
@@ -129,7 +139,7 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
     name += std::to_string(i);
     blocks_.push_back(register_module(name, Block(o)));
   }
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd})));
+  ln_f_ = register_module("ln_f", BiasFreeLayerNorm(o.n_embd));
   torch::NoGradGuard no_grad;
   wte_->weight.normal_(0.0, 0.02);
   wpe_->weight.normal_(0.0, 0.02);
@@ -180,6 +190,22 @@ torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t tokens, double 
   }
   model->train(was_training);
   return idx;
+}
+
+// ---- Training recipe ---------------------------------------------------------------------------
+
+double LrSchedule::at(int64_t it) const {
+  if (it < warmup_steps) return lr * static_cast<double>(it + 1) / static_cast<double>(warmup_steps + 1);
+  if (it > decay_steps) return min_lr;
+  const double decayed = static_cast<double>(it - warmup_steps) / static_cast<double>(decay_steps - warmup_steps);
+  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * decayed)) * (lr - min_lr);
+}
+
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(
+    const std::vector<torch::Tensor>& parameters) {
+  std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> groups;
+  for (const auto& p : parameters) (p.dim() >= 2 ? groups.first : groups.second).push_back(p);
+  return groups;
 }
 
 // ---- Data ---------------------------------------------------------------------------------------
