@@ -30,10 +30,7 @@
 
 namespace {
 
-using amp_training::AmpConfig;
-using amp_training::PrecisionResult;
-using amp_training::Workload;
-using amp_training::run_precision;
+using namespace amp_training;  // the lab's config, workloads and functions
 using amplab::Precision;
 using json = nlohmann::json;
 

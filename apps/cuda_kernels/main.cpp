@@ -29,16 +29,8 @@
 namespace {
 
 namespace ck = cuda_kernels;
+using namespace cuda_kernels;  // the lab's kernels and its given bench and photograph
 using amplab::decimals;
-using ck::KernelsConfig;
-using ck::Outcome;
-using ck::Plots;
-using ck::Timer;
-using ck::cost;
-using ck::cpu_ms;
-using ck::error_check;
-using ck::filter_named;
-using ck::kNoCostModel;
 using nlohmann::json;
 
 using Lab = amplab::Lab<KernelsConfig>;

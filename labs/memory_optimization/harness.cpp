@@ -1,7 +1,11 @@
 // The model every experiment of the lab starts from (harness.hpp).
 #include "harness.hpp"
 
+#include <iostream>
+
+#include "amplab/infra/device.hpp"
 #include "amplab/measure/memory.hpp"
+#include "amplab/report/table.hpp"
 #include "mechanisms.hpp"
 
 namespace memory_optimization {
@@ -59,6 +63,39 @@ void Harness::set_cap(int64_t bytes) {
   if (cpu) return;
   amplab::limit_device_memory(device, bytes);
   cap_bytes = bytes;
+}
+
+void describe_setup(Harness& h, amplab::Results& results) {
+  const auto& s = h.shape;
+  const auto e = h.estimate(Precision::fp32, 0);
+  const double cap_mib = h.mem.cap_mib;
+  std::cout << "model: " << s.depth << " residual blocks x + Linear(" << s.expansion * s.width << ", " << s.width
+            << ")(GELU(Linear(" << s.width << ", " << s.expansion * s.width << ")(LayerNorm(x)))), head " << s.classes
+            << " classes; " << amplab::fixed(h.parameters / 1e6, 2) << " M parameters ("
+            << amplab::fixed(mib(h.parameters * 4), 0) << " MiB fp32)\nestimated need, fp32: "
+            << amplab::fixed(mib(e.fixed), 0) << " MiB fixed (weights, optimizer state) + the larger of "
+            << amplab::fixed(mib(e.gradients), 0) << " MiB of gradients (at the optimizer step) and "
+            << amplab::fixed(e.per_sample / 1024.0, 1)
+            << " KiB per sample (activations, when backward starts): the activations are the larger from batch "
+            << (e.per_sample > 0 ? e.gradients / e.per_sample + 1 : 0) << " up\n";
+  if (h.cpu) {
+    std::cout << "(CPU run: the small sizes of the config's cpu: section; memory is the process RSS and the memory "
+                 "limit is simulated (" << amplab::fixed(cap_mib, 0) << " MiB of estimated need). Peak allocated vs "
+                 "reserved, real out-of-memory errors,\n fp16-mixed and the memory savings need a GPU: run this on a "
+                 "GPU machine for the numbers that matter.)\n";
+  } else if (cap_mib > 0) {
+    h.set_cap(static_cast<int64_t>(cap_mib * static_cast<double>(1 << 20)));
+    std::cout << "GPU memory capped at " << amplab::fixed(cap_mib / 1024, 1) << " GiB of "
+              << amplab::fixed(mib(amplab::device_total_memory(h.device)) / 1024, 1)
+              << " GiB for sections 1-3 (CUDACachingAllocator::setMemoryFraction; mem.cap_mib=0 lifts it)\n";
+  }
+  std::cout << std::flush;
+  results.set("device", amplab::describe(h.device));
+  results.set("model", {{"width", s.width}, {"depth", s.depth}, {"expansion", s.expansion}, {"classes", s.classes},
+                        {"dropout", s.dropout}, {"parameters", h.parameters}});
+  results.set("memory_cap_gib", h.cpu ? 0.0 : cap_mib / 1024);
+  results.set("memory_source", h.memory_source);
+  if (h.cpu) results.set("simulated_limit_mib", cap_mib);
 }
 
 std::string setting_name(Precision precision, int64_t every) {

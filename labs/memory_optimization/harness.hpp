@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "amplab/report/results.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
@@ -41,6 +42,9 @@ struct Harness {
   FitsFn simulated_fits(amplab::Precision precision, int64_t every) const;
   void set_cap(int64_t bytes);  // the GPU's memory cap (0 lifts it); nothing on the CPU
 };
+
+// The model, its estimated need and the memory limit (the GPU's cap set here), printed and kept.
+void describe_setup(Harness& h, amplab::Results& results);
 
 // "bf16-mixed + checkpointing/2": a setting's name in the tables.
 std::string setting_name(amplab::Precision precision, int64_t every);
