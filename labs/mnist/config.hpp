@@ -30,9 +30,12 @@ struct MnistLabConfig {
             {"cpu", "gpu", "gpu-amp"});
     v.field("amp_precisions", amp_precisions, "precisions of the gpu-amp mode, one run each", {"fp16-mixed", "bf16-mixed"});
     v.field("loader", loader,
-            "training batches: resident (the whole set on the device) or prefetch (host batches through your prefetcher)",
+            "training batches: resident (the whole set on the device); from host memory: pageable (copied on the "
+            "compute stream, the host waits), pinned (pinned, non-blocking, same stream) or prefetch (your prefetcher)",
             [](const std::string& value) -> std::string {
-              return value == "resident" || value == "prefetch" ? "" : "expected resident or prefetch";
+              return value == "resident" || value == "pageable" || value == "pinned" || value == "prefetch"
+                         ? ""
+                         : "expected resident, pageable, pinned or prefetch";
             });
     v.field("channels_last", channels_last, "GPU modes: NHWC images and activations (faster convolutions)");
     v.field("eval_batch_size", eval_batch_size, "test-set batch size", amplab::Range<int64_t>::at_least(1));

@@ -56,9 +56,11 @@ class PrefetchingBatches : public amplab::BatchSource {
 };
 
 // Given: the lab binary's training batches. `loader` (mnist.loader) picks them: "resident" (the
-// default) gathers from `resident`, the dataset already on the device; "prefetch" keeps
-// `split` in host memory and copies each batch through a PrefetchingBatches. `channels_last`
-// gives the prefetched images the resident ones' layout.
+// default) gathers from `resident`, the dataset already on the device; the others keep `split` in
+// host memory and gather each batch there: "pageable" copies it from ordinary memory on the
+// compute stream (the host waits for the copy), "pinned" copies it from a pinned buffer without
+// blocking the host (still on the compute stream: the step waits for it), "prefetch" through a
+// PrefetchingBatches. `channels_last` gives the host batches the resident ones' layout.
 std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loader, const amplab::MnistSplit& split,
                                                         const torch::Tensor& resident_images,
                                                         const torch::Tensor& resident_labels,

@@ -54,6 +54,46 @@ Evaluation evaluate(Net& net, const ResidentSplit& split, int64_t batch_size, am
   return {totals[0].item<double>() / n, totals[1].item<double>() / n};
 }
 
+namespace {
+
+// mnist.loader=pageable|pinned: each batch gathered in host memory and copied on the current
+// (compute) stream, from the gathered tensor itself or from a pinned copy of it. The caching host
+// allocator keeps a pinned block until the copy queued from it has finished.
+class HostBatches : public amplab::BatchSource {
+ public:
+  HostBatches(torch::Tensor inputs, torch::Tensor targets, amplab::EpochSampler sampler, torch::Device device,
+              bool pinned, std::function<torch::Tensor(const torch::Tensor&)> layout)
+      : inputs_(std::move(inputs)),
+        targets_(std::move(targets)),
+        sampler_(std::move(sampler)),
+        device_(device),
+        pinned_(pinned),
+        layout_(std::move(layout)) {}
+  void set_epoch(int64_t epoch) override { sampler_.set_epoch(epoch); }
+  int64_t batches_per_epoch() const override { return sampler_.batches_per_epoch(); }
+  int64_t dataset_size() const override { return inputs_.size(0); }
+  int64_t batch_rows(int64_t index) override { return sampler_.batch_indices(index).size(0); }
+  amplab::Batch batch(int64_t index) override {
+    torch::Tensor idx = sampler_.batch_indices(index);
+    torch::Tensor input = inputs_.index_select(0, idx), target = targets_.index_select(0, idx);
+    if (pinned_ && device_.is_cuda()) {
+      input = input.pin_memory();
+      target = target.pin_memory();
+    }
+    input = input.to(device_, /*non_blocking=*/true);
+    return {layout_ ? layout_(input) : input, target.to(device_, /*non_blocking=*/true)};
+  }
+
+ private:
+  torch::Tensor inputs_, targets_;
+  amplab::EpochSampler sampler_;
+  torch::Device device_;
+  bool pinned_;
+  std::function<torch::Tensor(const torch::Tensor&)> layout_;
+};
+
+}  // namespace
+
 std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loader, const amplab::MnistSplit& split,
                                                         const torch::Tensor& resident_images,
                                                         const torch::Tensor& resident_labels,
@@ -63,10 +103,17 @@ std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loade
     return std::make_unique<amplab::TensorBatches>(resident_images, resident_labels, std::move(sampler), device);
   std::function<torch::Tensor(const torch::Tensor&)> layout;
   if (channels_last) layout = [](const torch::Tensor& t) { return t.contiguous(torch::MemoryFormat::ChannelsLast); };
+  torch::Tensor host_images = amplab::normalize_images(split.images);
+  if (loader == "pageable" || loader == "pinned") {
+    amplab::log::info("loader: " + loader + " (mnist.loader): the training images in host memory, each batch copied " +
+                      (loader == "pinned" ? "from pinned memory, without blocking the host," : "from pageable memory") +
+                      " on the compute stream to " + device.str());
+    return std::make_unique<HostBatches>(host_images, split.labels, std::move(sampler), device, loader == "pinned",
+                                         std::move(layout));
+  }
   amplab::log::info("loader: prefetch (mnist.loader): the training images in host memory, each batch through "
                     "pinned memory and a side stream to " + device.str());
-  return std::make_unique<PrefetchingBatches>(amplab::normalize_images(split.images), split.labels, std::move(sampler),
-                                              device, std::move(layout));
+  return std::make_unique<PrefetchingBatches>(host_images, split.labels, std::move(sampler), device, std::move(layout));
 }
 
 }  // namespace mnist
