@@ -54,7 +54,8 @@ std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const Run
     if (slug.empty()) slug = "phase";
     return (std::filesystem::path(run_dir) / ("trace-" + slug + (n > 1 ? "-" + std::to_string(n) : "") + ".json")).string();
   };
-  return std::make_unique<PhaseTrace>(path_of, device, config.trace_phases, config.trace_budget_mb << 20);
+  return std::make_unique<PhaseTrace>(path_of, device,
+                                      PhaseTrace::Limits{config.trace_phases, config.trace_seconds, config.trace_budget_mb << 20});
 }
 
 void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,

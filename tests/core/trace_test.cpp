@@ -1,6 +1,7 @@
 // run.trace: fit() writes a profiler trace of its window of steps, with each step and the
-// MemoryTracker's phases as named ranges; a lab on lab_main writes one per phase it marks. Both
-// are Chrome trace JSON that Perfetto and chrome://tracing open.
+// MemoryTracker's phases as named ranges; a lab on lab_main writes one per phase it marks, cut
+// short at a safe point after run.trace_seconds. Both are Chrome trace JSON that Perfetto and
+// chrome://tracing open.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,8 +9,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "amplab/lab_main.hpp"
+#include "amplab/measure/timing.hpp"
 #include "amplab/report/run_dir.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/trainer.hpp"
@@ -155,6 +158,30 @@ TEST_F(TraceTest, PhasesAreTracedAsTheFilterAndTheBudgetAllow) {
   ASSERT_TRUE(fs::exists(file("trace-matmul_big.json")));
   EXPECT_GT(fs::file_size(file("trace-matmul_big.json")), 1u << 20);
   EXPECT_FALSE(fs::exists(file("trace-matmul_small.json")));
+}
+
+TEST_F(TraceTest, ALongPhaseIsTracedUntilTheFirstTimedWindowAfterItsSeconds) {
+  run_config_.trace = true;
+  run_config_.trace_seconds = 0.05;
+  ToyLab toy(run_config_, run_, /*traces_own_steps=*/false);
+  toy.lab.phase("long");
+  const torch::Tensor a = torch::randn({8, 8});
+  int windows = 0;
+  for (; windows < 1000 && toy.lab.phase_trace->written().empty(); ++windows) {
+    DeviceTimer timer(torch::kCPU);
+    timer.start();  // a safe point: the trace ends here once it has run 0.05 s
+    torch::mm(a, a);
+    timer.stop_ms();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(toy.lab.phase_trace->written().size(), 1u);
+  torch::Tensor after = torch::mm(a, a).tanh();  // the phase goes on, untraced
+  toy.lab.phase("");
+  std::multiset<std::string> names = event_names(read_json(file("trace-long.json")));
+  EXPECT_EQ(names.count("long"), 1u);
+  EXPECT_EQ(names.count("aten::mm"), static_cast<size_t>(windows - 1));  // the last window started after the cut
+  EXPECT_EQ(names.count("aten::tanh"), 0u);
+  EXPECT_EQ(toy.lab.phase_trace->written().size(), 1u);  // the phase's end writes no second file
 }
 
 TEST_F(TraceTest, NoPhaseIsTracedWhenTraceIsOffOrTheLabTracesItsSteps) {

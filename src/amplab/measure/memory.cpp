@@ -17,6 +17,7 @@
 
 #include "amplab/infra/error.hpp"
 #include "amplab/measure/fits.hpp"
+#include "amplab/measure/trace.hpp"
 #include "amplab/infra/files.hpp"
 #include "amplab/report/table.hpp"
 
@@ -136,6 +137,7 @@ void MemoryTracker::sample() {
 }
 
 void MemoryTracker::end_step(int64_t step) {
+  trace_safe_point();  // between steps: run.trace may end a long phase's trace here
   if (!config_.track) return;
   close_phase();
   step_end_allocated_.push_back(read_memory(device_).allocated);

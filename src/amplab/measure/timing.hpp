@@ -8,6 +8,8 @@
 #include <functional>
 #include <vector>
 
+#include "amplab/measure/trace.hpp"
+
 namespace amplab {
 
 // Order statistics of repeated measurements. Quantiles interpolate linearly between the closest
@@ -63,7 +65,10 @@ class DeviceMarks {
 class DeviceTimer {
  public:
   explicit DeviceTimer(torch::Device device) : marks_(device, 2) {}
-  void start() { marks_.mark(0); }
+  void start() {
+    trace_safe_point();  // run.trace may end a long phase's trace here, outside the timed work
+    marks_.mark(0);
+  }
   double stop_ms() {  // waits for the work queued since start() and returns its duration
     marks_.mark(1);
     return marks_.intervals_ms()[0];

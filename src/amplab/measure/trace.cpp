@@ -5,15 +5,20 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <system_error>
+#include <thread>
 
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
 #include "amplab/infra/log.hpp"
 
 #ifdef AMPLAB_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <nvtx3/nvToolsExt.h>
 #endif
 
@@ -88,8 +93,38 @@ struct PhaseTrace::PhaseRange {
   at::RecordFunction range{at::RecordScope::USER_SCOPE};
 };
 
-PhaseTrace::PhaseTrace(PathOf path_of, torch::Device device, std::vector<std::string> filters, int64_t budget_bytes)
-    : path_of_(std::move(path_of)), device_(device), filters_(std::move(filters)), budget_bytes_(budget_bytes) {}
+namespace {
+// The phase trace a safe point may cut, with the thread that runs it (null when none is open).
+std::atomic<PhaseTrace*> open_phase_trace{nullptr};
+std::thread::id open_phase_thread;
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
+}
+
+// A CUDA graph being captured on this thread's stream: no synchronize, no profiler switch now.
+bool capturing_a_graph(torch::Device device) {
+#ifdef AMPLAB_WITH_CUDA
+  if (device.is_cuda()) return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#endif
+  (void)device;
+  return false;
+}
+}  // namespace
+
+void trace_safe_point() {
+  PhaseTrace* trace = open_phase_trace.load(std::memory_order_relaxed);
+  if (trace && std::this_thread::get_id() == open_phase_thread) trace->at_safe_point();
+}
+
+PhaseTrace::PhaseTrace(PathOf path_of, torch::Device device, Limits limits)
+    : path_of_(std::move(path_of)), device_(device), limits_(std::move(limits)) {}
 
 PhaseTrace::~PhaseTrace() {
   try {
@@ -100,8 +135,8 @@ PhaseTrace::~PhaseTrace() {
 }
 
 bool PhaseTrace::wanted(const std::string& name) const {
-  if (filters_.empty()) return true;
-  for (const auto& filter : filters_)
+  if (limits_.filters.empty()) return true;
+  for (const auto& filter : limits_.filters)
     if (name.find(filter) != std::string::npos) return true;
   return false;
 }
@@ -109,7 +144,7 @@ bool PhaseTrace::wanted(const std::string& name) const {
 void PhaseTrace::phase(const std::string& name) {
   finish();
   if (name.empty() || !wanted(name)) return;
-  if (bytes_written_ >= budget_bytes_) {
+  if (bytes_written_ >= limits_.budget_bytes) {
     if (!over_budget_logged_)
       log::info("run.trace: the traces reached run.trace_budget_mb (" + std::to_string(bytes_written_ >> 20) +
                 " MiB written); phase '" + name + "' and those after it are not traced");
@@ -122,22 +157,40 @@ void PhaseTrace::phase(const std::string& name) {
 void PhaseTrace::start(const std::string& name) {
   const std::string path = path_of_(name, ++seen_[name]);
   start_profiler(device_);
+  open_name_ = name;
   open_path_ = path;
   range_ = std::make_unique<PhaseRange>();
   range_->range.before(name);
+  started_at_ = steady_seconds();
+  open_phase_thread = std::this_thread::get_id();
+  open_phase_trace.store(this);
 }
 
-void PhaseTrace::finish() {
+void PhaseTrace::finish() { save(/*cut=*/false); }
+
+void PhaseTrace::at_safe_point() {
+  if (open_path_.empty() || steady_seconds() - started_at_ < limits_.seconds || capturing_a_graph(device_)) return;
+  save(/*cut=*/true);
+}
+
+void PhaseTrace::save(bool cut) {
   if (open_path_.empty()) return;
+  open_phase_trace.store(nullptr);
   range_.reset();
-  const std::string path = std::move(open_path_);
+  const std::string path = std::move(open_path_), name = std::move(open_name_);
   open_path_.clear();
+  open_name_.clear();
   save_profile(device_, path);
   std::error_code error;
   const auto bytes = std::filesystem::file_size(path, error);
   if (!error) bytes_written_ += static_cast<int64_t>(bytes);
   written_.push_back(path);
-  log::info("run.trace: phase traced into " + path + " (" + std::to_string(error ? 0 : bytes >> 10) + " KiB)");
+  const std::string size = " (" + std::to_string(error ? 0 : bytes >> 10) + " KiB)";
+  if (cut)
+    log::info("run.trace: phase '" + name + "' traced for its first " + seconds_text(limits_.seconds) + " s into " + path + size +
+              "; the rest of it runs untraced (run.trace_seconds)");
+  else
+    log::info("run.trace: phase '" + name + "' traced into " + path + size);
 }
 
 NvtxPhases::~NvtxPhases() { phase(""); }

@@ -51,15 +51,20 @@ class StepTrace {
 };
 
 // Traces each phase into its own file, with the phase as a named range (its name, user
-// annotation) around the lab's ranges and PyTorch's ops. Kineto cannot stop a trace part-way
-// through a phase, so the bound is on phases: a phase is traced only when its name contains one of
-// `filters` (every phase when empty), and no phase starts once the files written reach
-// `budget_bytes` (a phase that started under it is traced to its end).
+// annotation) around the lab's ranges and PyTorch's ops. Bounded three ways: a phase is traced
+// only when its name contains one of `Limits::filters` (every phase when empty); its trace ends at
+// the first safe point (trace_safe_point) after `Limits::seconds`, the rest of the phase running
+// untraced; and no phase starts once the files written reach `Limits::budget_bytes`.
 class PhaseTrace {
  public:
   // `path_of(phase, n)`: the file of the n-th phase of that name (1, 2, ...).
   using PathOf = std::function<std::string(const std::string& phase, int n)>;
-  PhaseTrace(PathOf path_of, torch::Device device, std::vector<std::string> filters, int64_t budget_bytes);
+  struct Limits {
+    std::vector<std::string> filters;
+    double seconds = 1.0;
+    int64_t budget_bytes = int64_t{50} << 20;
+  };
+  PhaseTrace(PathOf path_of, torch::Device device, Limits limits);
   ~PhaseTrace();  // saves the phase still open (a body that threw)
   PhaseTrace(const PhaseTrace&) = delete;
   PhaseTrace& operator=(const PhaseTrace&) = delete;
@@ -67,23 +72,32 @@ class PhaseTrace {
   // Saves the open phase's trace and starts `name`'s ("" starts none).
   void phase(const std::string& name);
   void finish();  // saves the open phase's trace
+  // Ends the open phase's trace early once it has run Limits::seconds (trace_safe_point).
+  void at_safe_point();
   const std::vector<std::string>& written() const { return written_; }
 
  private:
   bool wanted(const std::string& name) const;
   void start(const std::string& name);
+  void save(bool cut);
 
   PathOf path_of_;
   torch::Device device_;
-  std::vector<std::string> filters_;
-  int64_t budget_bytes_, bytes_written_ = 0;
+  Limits limits_;
+  int64_t bytes_written_ = 0;
   bool over_budget_logged_ = false;
   std::map<std::string, int> seen_;  // phases started, by name: a name marked again gets a new file
-  std::string open_path_;            // the trace being recorded ("" when none)
+  std::string open_name_, open_path_;  // the phase being traced and its file ("" when none)
+  double started_at_ = 0;              // steady-clock seconds when its trace started
   std::vector<std::string> written_;
   struct PhaseRange;
   std::unique_ptr<PhaseRange> range_;
 };
+
+// A point between steps or timed windows, on the thread that runs the lab, where run.trace may
+// end a phase's trace that has run long enough (PhaseTrace::Limits::seconds): MemoryTracker::end_step
+// (every Trainer step) and DeviceTimer::start call it. One load of a pointer when no phase is traced.
+void trace_safe_point();
 
 // The lab's phases as NVTX ranges (Nsight Systems' -t nvtx), one open at a time on the thread
 // that marks them; without a tool attached an NVTX call costs next to nothing.

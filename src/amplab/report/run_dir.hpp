@@ -31,6 +31,7 @@ struct RunConfig {
   bool memory_snapshot = false;
   bool trace = false;
   std::vector<std::string> trace_phases;  // empty: every phase
+  double trace_seconds = 1.0;
   int64_t trace_budget_mb = 50;
 
   template <class V>
@@ -48,12 +49,15 @@ struct RunConfig {
     v.field("trace", trace,
             "write profiler traces (open them in ui.perfetto.dev; a traced run's timings carry the profiler's overhead): "
             "mnist traces 5 training steps after 10 (trace-<mode>.json), ddp none (see bench.trace), the other labs each "
-            "phase from its start to its end (trace-<phase>.json), as trace_phases and trace_budget_mb allow");
+            "phase they mark into trace-<phase>.json, as trace_phases, trace_seconds and trace_budget_mb allow");
     v.field("trace_phases", trace_phases,
             "with trace, outside mnist: trace only the phases whose name contains one of these words (empty: every phase)");
+    v.field("trace_seconds", trace_seconds,
+            "with trace, outside mnist: a phase's trace ends at its first training step or timed window after this "
+            "many seconds; the rest of the phase runs untraced",
+            Range<double>::between(0.001, 86400));
     v.field("trace_budget_mb", trace_budget_mb,
-            "with trace, outside mnist: start no phase's trace once the traces written reach this many MiB (a phase "
-            "traced is traced to its end: the profiler cannot stop part-way)",
+            "with trace, outside mnist: start no phase's trace once the traces written reach this many MiB",
             Range<int64_t>::between(1, 100000));
   }
 };
