@@ -28,6 +28,12 @@
 #include "prefetch.hpp"
 #include "weights.hpp"
 
+namespace mnist {  // a mode's result in summary.json and in a checkpoint (the modes finished before it)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryUse, forward_mib, backward_mib, optimizer_mib, peak_mib, source)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModeResult, mode, ran, skipped_because, epoch_seconds, train_loss, test_accuracy,
+                                   seconds_per_epoch, samples_per_second, speedup_vs_cpu, memory)
+}  // namespace mnist
+
 namespace {
 
 using mnist::MnistConfig;
@@ -40,16 +46,6 @@ struct StopRun {
   int exit_code;
   std::string message;
 };
-
-}  // namespace
-
-namespace mnist {  // a mode's result in summary.json and in a checkpoint (the modes finished before it)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryUse, forward_mib, backward_mib, optimizer_mib, peak_mib, source)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModeResult, mode, ran, skipped_because, epoch_seconds, train_loss, test_accuracy,
-                                   seconds_per_epoch, samples_per_second, speedup_vs_cpu, memory)
-}  // namespace mnist
-
-namespace {
 
 // What the modes decide, refused before a run directory is made.
 std::optional<int> check_config(const MnistConfig& config, const amplab::ConfigSource& source) {
