@@ -13,7 +13,6 @@
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/device.hpp"
-#include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
 #include "amplab/models/models.hpp"
@@ -30,16 +29,6 @@
 namespace {
 
 using ddp_lab::DdpConfig;
-
-// CRC-32 of every parameter's bytes: equal on all ranks iff the parameters are bit-identical.
-std::string parameter_fingerprint(torch::nn::Module& model) {
-  std::string bytes;
-  for (const auto& p : model.parameters()) {
-    auto cpu = p.detach().to(torch::kCPU).contiguous();
-    bytes.append(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
-  }
-  return amplab::hex32(amplab::crc32_of(bytes));
-}
 
 // Trains the MNIST network data-parallel with dist.sync, then checks that every rank holds the
 // same parameters; the epochs and the check go into `results`.
@@ -99,9 +88,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   }
 
   // Every rank must hold bit-identical parameters after data-parallel training.
-  std::string mine = parameter_fingerprint(*net);
-  auto all = setup.comm->all_gather_bytes(mine);
-  bool identical = std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == mine; });
+  const auto [identical, mine] = amplab::dist::check_parameters_identical(*setup.comm, *net);
   if (world.is_main())
     std::cout << "parameters identical on all " << world.world_size << " rank(s): " << (identical ? "yes" : "NO")
               << " (crc32 " << mine << ")\n";
