@@ -2,15 +2,16 @@
 """The transformer_fp8 lab's GPT in Python PyTorch: the anchor to compare build/bin/transformer_fp8 with.
 
 Same model as labs/transformer_fp8/gpt.hpp (nanoGPT's: token + position embeddings, pre-LayerNorm
-blocks, causal self-attention, a 4x GELU MLP, no biases in the linears and LayerNorms, the head
-tied to the token embedding, nanoGPT's initialisation), same data (data/shakespeare/{train,val}.txt,
-characters, the vocabulary of both files), same optimizer (nanoGPT's: fused AdamW lr 1e-3, betas
-0.9/0.99, weight decay 0.1 on the 2-D parameters only, as the lab's config), nanoGPT's schedule
-(linear warm-up over --lr-warmup steps, then a cosine down to --min-lr at --lr-decay-steps),
-clipping at 1.0, same steps and evaluations, same
-timing (the steps after --warmup, the device synchronized around each step; evaluations left
-out). Rows: fp32, tf32, fp16 (torch.amp.GradScaler), fp16-no-scaler, bf16, bf16-math (attention
-written out instead of SDPA), and with --compile, bf16-compile (torch.compile of the model).
+blocks, causal self-attention, a 4x GELU MLP, no biases in the linears and LayerNorms, the head tied
+to the token embedding, nanoGPT's initialisation drawn as the C++ GPT draws it: --seed gives the
+weights, batches and dropout masks of the app's run.seed), same data
+(data/shakespeare/{train,val}.txt, characters, the vocabulary of both files), same optimizer
+(nanoGPT's: fused AdamW lr 1e-3, betas 0.9/0.99, weight decay 0.1 on the 2-D parameters only, as the
+lab's config), nanoGPT's schedule (linear warm-up over --lr-warmup steps, then a cosine down to
+--min-lr at --lr-decay-steps), clipping at 1.0, same steps and evaluations, same timing (the steps
+after --warmup, the device synchronized around each step; evaluations left out). Rows: fp32, tf32,
+fp16 (torch.amp.GradScaler), fp16-no-scaler, bf16, bf16-math (attention written out instead of
+SDPA), and with --compile, bf16-compile (torch.compile of the model).
 
     .venv/bin/python bench/gpt_reference.py [--steps 300] [--rows fp32,bf16] [--json out.json]
     .venv/bin/python bench/gpt_reference.py --device cpu --n-layer 2 --n-head 4 --n-embd 64 \\
@@ -98,12 +99,18 @@ class Gpt(nn.Module):
         self.drop = nn.Dropout(a.dropout)
         self.blocks = nn.ModuleList(Block(a, math_path) for _ in range(a.n_layer))
         self.ln_f = nn.LayerNorm(a.n_embd, bias=False)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-        for b in self.blocks:
-            nn.init.normal_(b.attn.proj.weight, 0.0, 0.02 / math.sqrt(2 * a.n_layer))
-            nn.init.normal_(b.fc_proj.weight, 0.0, 0.02 / math.sqrt(2 * a.n_layer))
+        # nanoGPT's initialisation, drawn in the C++ GPT's order from a generator of its own: the
+        # same seed gives both the same weights
+        init = torch.Generator().manual_seed(a.seed)
+        residual_std = 0.02 / math.sqrt(2 * a.n_layer)
+        with torch.no_grad():
+            self.wte.weight.normal_(0.0, 0.02, generator=init)
+            self.wpe.weight.normal_(0.0, 0.02, generator=init)
+            for b in self.blocks:
+                b.attn.qkv.weight.normal_(0.0, 0.02, generator=init)
+                b.attn.proj.weight.normal_(0.0, residual_std, generator=init)
+                b.fc.weight.normal_(0.0, 0.02, generator=init)
+                b.fc_proj.weight.normal_(0.0, residual_std, generator=init)
 
     def forward(self, idx, targets):
         x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device)))
@@ -155,8 +162,8 @@ def sync(dev):
 
 def run_row(a, row, data, dev):
     train, val, vocab = data
-    torch.manual_seed(a.seed)
     model = Gpt(a, vocab, math_path=row == "bf16-math").to(dev)
+    torch.manual_seed(a.seed)  # batches and dropout from here, as in the C++ app
     step_model = torch.compile(model) if row == "bf16-compile" else model
     optimizer = optimizer_of(a, model)
     dtype = {"fp16": torch.float16, "fp16-no-scaler": torch.float16}.get(row, torch.bfloat16)

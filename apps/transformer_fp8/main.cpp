@@ -99,9 +99,10 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   r.name = v.name;
   tf8::GptOptions options = s.options;
   options.linear = v.linear;
-  torch::manual_seed(s.seed);
+  options.init_seed = s.seed;
   tf8::Gpt model = r.model = tf8::Gpt(options);
   model->to(s.device);
+  torch::manual_seed(s.seed);  // batches and dropout from here, as in the Python reference
   amplab::TrainConfig train;
   train.precision = v.precision;
   train.loss_scaling = v.scaler ? "auto" : "off";

@@ -34,6 +34,7 @@ struct GptOptions {
   LinearKind linear = LinearKind::plain;
   Fp8Scaling scaling = Fp8Scaling::dynamic;
   int64_t amax_history = 16;  // steps of amax kept for delayed scaling
+  uint64_t init_seed = 0;     // the initial weights' own CPU generator (the same weights as the Python reference's)
 };
 
 // A bias-free linear layer (out, in) that runs either as torch's linear or as your FP8 linear.

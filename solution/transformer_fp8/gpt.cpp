@@ -6,6 +6,7 @@
 // LayerNorm weights 1.
 #include "gpt.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
@@ -138,13 +139,18 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
     blocks_.push_back(register_module(name, Block(o)));
   }
   ln_f_ = register_module("ln_f", BiasFreeLayerNorm(o.n_embd));
+  // Every weight drawn again, in this order, from a generator of its own: bench/gpt_reference.py
+  // draws the same order from the same seed, so both start from the same weights.
   torch::NoGradGuard no_grad;
-  wte_->weight.normal_(0.0, 0.02);
-  wpe_->weight.normal_(0.0, 0.02);
+  at::Generator init = at::make_generator<at::CPUGeneratorImpl>(o.init_seed);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
+  wte_->weight.normal_(0.0, 0.02, init);
+  wpe_->weight.normal_(0.0, 0.02, init);
   for (auto& block : blocks_) {
-    block->attn->proj->weight.normal_(0.0, residual_std);
-    block->fc_proj->weight.normal_(0.0, residual_std);
+    block->attn->qkv->weight.normal_(0.0, 0.02, init);
+    block->attn->proj->weight.normal_(0.0, residual_std, init);
+    block->fc->weight.normal_(0.0, 0.02, init);
+    block->fc_proj->weight.normal_(0.0, residual_std, init);
   }
 }
 
