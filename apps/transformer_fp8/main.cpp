@@ -209,7 +209,10 @@ std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
     RunResult skipped;
     skipped.name = name;
     skipped.skipped_because = skip_reason(variant_of(name), s);
-    if (skipped.skipped_because.empty()) amplab::log::info("training " + name);
+    if (skipped.skipped_because.empty()) {
+      amplab::log::info("training " + name);
+      lab.phase(name);
+    }
     rows.push_back(skipped.skipped_because.empty() ? train_row(variant_of(name), s, &losses) : skipped);
     if (name == "fp32") fp32_ms = rows.back().ms_per_step;
   }
@@ -244,6 +247,7 @@ void attention_study(Lab& lab, Setting s) {
                     {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
                     {"val_loss", "val loss", amplab::decimals(4)}});
   for (const std::string kind : {"math", "safe", "sdpa"}) {
+    lab.phase("attention " + kind);
     s.options.attention = tf8::attention_kind(kind);
     RunResult r = train_row(v, s, nullptr);
     table.add({kind, v.name, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss});
@@ -254,11 +258,22 @@ void attention_study(Lab& lab, Setting s) {
 
 // ---- The FP8 MLP and matmul tables (GPU) ----------------------------------------------------------
 
-// ms per forward + backward of the lab's speed MLP (4 x Linear(8192), batch 8192, bf16 autocast).
-double mlp_ms(torch::Device device, tf8::LinearKind kind, tf8::Fp8Scaling scaling = tf8::Fp8Scaling::dynamic) {
+// The lab's speed MLP (4 x Linear(8192), batch 8192, bf16 autocast): ms per forward + backward,
+// and the loss after kMlpFitSteps Adam steps from the same start.
+struct MlpResult {
+  double ms = NAN, loss = NAN;
+};
+constexpr int64_t kMlpFitSteps = 50;
+MlpResult mlp_row(torch::Device device, tf8::LinearKind kind, tf8::Fp8Scaling scaling = tf8::Fp8Scaling::dynamic) {
+  MlpResult result;
+  {
+    tf8::SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
+    for (int i = 0; i < 3; ++i) mlp.step();
+    result.ms = amplab::summarize(amplab::time_back_to_back([&] { mlp.step(); }, device, 10, 3)).median;
+  }
   tf8::SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
-  for (int i = 0; i < 3; ++i) mlp.step();
-  return amplab::summarize(amplab::time_back_to_back([&] { mlp.step(); }, device, 10, 3)).median;
+  result.loss = mlp.fit(kMlpFitSteps, 1e-4);
+  return result;
 }
 
 // One (m, k, n) matmul's TFLOP/s: bf16 torch::mm against e4m3 _scaled_mm, tensorwise and rowwise
@@ -321,17 +336,23 @@ void cast_table(Lab& lab) {
 // The FP8 MLP against bf16, then single matmuls: a large square one, a small one, and the GPT's
 // qkv projection (64 x 256 tokens, 384 -> 1152).
 void fp8_tables(Lab& lab) {
+  lab.phase("fp8 mlp");
   const double flops = 6.0 * 8192 * 8192.0 * 8192 * 4;  // 6 x batch x width^2 per layer
-  const double bf16_ms = mlp_ms(lab.device, tf8::LinearKind::plain);
-  const double dynamic_ms = mlp_ms(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::dynamic);
-  const double delayed_ms = mlp_ms(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::delayed);
-  lab.results.table("fp8_mlp", {{"name", "4 x Linear(8192), batch 8192"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
-                                {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)}})
-      .add({"bf16 (autocast)", bf16_ms, flops / bf16_ms / 1e9, 1.0})
-      .add({"fp8 (your fp8_linear, dynamic)", dynamic_ms, flops / dynamic_ms / 1e9, bf16_ms / dynamic_ms})
-      .add({"fp8 (your fp8_linear, delayed)", delayed_ms, flops / delayed_ms / 1e9, bf16_ms / delayed_ms});
-  lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer)");
+  const MlpResult bf16 = mlp_row(lab.device, tf8::LinearKind::plain);
+  const MlpResult dynamic = mlp_row(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::dynamic);
+  const MlpResult delayed = mlp_row(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::delayed);
+  auto& table = lab.results.table("fp8_mlp", {{"name", "4 x Linear(8192), batch 8192"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
+                                              {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)},
+                                              {"fit_loss", "loss after " + std::to_string(kMlpFitSteps) + " steps", amplab::decimals(5)},
+                                              {"loss_vs_bf16", "loss vs bf16", amplab::percent_of_one(2)}});
+  for (const auto& [name, r] : {std::pair<std::string, MlpResult>{"bf16 (autocast)", bf16},
+                                {"fp8 (your fp8_linear, dynamic)", dynamic}, {"fp8 (your fp8_linear, delayed)", delayed}})
+    table.add({name, r.ms, flops / r.ms / 1e9, bf16.ms / r.ms, r.loss, r.loss / bf16.loss - 1});
+  lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer; the loss: "
+                               "Adam towards a fixed random target from the same start)");
+  lab.phase("fp8 casts");
   cast_table(lab);
+  lab.phase("fp8 matmul");
   auto& matmuls = lab.results.table("fp8_matmul", {{"shape", "m x k x n"}, {"bf16_tflops", "bf16 TFLOP/s", amplab::decimals(0)},
                                                    {"fp8_tflops", "fp8 tensorwise TFLOP/s", amplab::decimals(0)},
                                                    {"fp8_rowwise_tflops", "fp8 rowwise TFLOP/s", amplab::decimals(0)},
@@ -344,6 +365,7 @@ void fp8_tables(Lab& lab) {
 
 // sample.txt: generated text from the first of bf16, fp32, fp8, tf32, fp16 that ran.
 void write_sample(Lab& lab, const std::vector<RunResult>& rows, const tf8::CharData& data) {
+  lab.phase("sample");
   const int64_t tokens = lab.config.study.sample_tokens;
   for (const std::string name : {"bf16", "fp32", "fp8", "tf32", "fp16"}) {
     for (RunResult r : rows) {

@@ -128,6 +128,10 @@ class SpeedMlp {
  public:
   SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device);
   void step();  // forward + backward; the weights' gradients accumulate (only steps are timed)
+  // Trains `steps` Adam steps (learning rate `lr`) towards a fixed random target under mean
+  // squared error, from the weights as they are; the last step's loss. The same seed gives every
+  // kind the same weights, input and target, so the losses compare the precisions.
+  double fit(int64_t steps, double lr);
 
  private:
   std::vector<Float8Linear> layers_;

@@ -291,4 +291,25 @@ void SpeedMlp::step() {
   y.to(torch::kFloat32).mean().backward();
 }
 
+double SpeedMlp::fit(int64_t steps, double lr) {
+  std::vector<torch::Tensor> parameters;
+  for (auto& layer : layers_) parameters.push_back(layer->weight);
+  torch::optim::Adam adam(parameters, torch::optim::AdamOptions(lr));
+  torch::manual_seed(1);
+  const torch::Tensor target = torch::rand(x_.sizes(), x_.options());  // >= 0, as the ReLU's outputs
+  torch::Tensor loss;
+  for (int64_t i = 0; i < steps; ++i) {
+    adam.zero_grad();
+    torch::Tensor y = x_;
+    {
+      amplab::AutocastGuard autocast(device_.type(), torch::kBFloat16);
+      for (auto& layer : layers_) y = torch::relu(layer(y));
+    }
+    loss = torch::mse_loss(y.to(torch::kFloat32), target);
+    loss.backward();
+    adam.step();
+  }
+  return loss.item<double>();
+}
+
 }  // namespace transformer_fp8
