@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <iostream>
+#include <memory>
 
 #include "amplab/data/mnist.hpp"
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
@@ -15,6 +16,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
+#include "amplab/measure/gpu_timeline.hpp"  // run.gpu_monitor
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
 #include "amplab/report/report.hpp"
@@ -124,15 +126,24 @@ int main(int argc, char** argv) {
     amplab::apply_run_settings(config.run);
     amplab::InterruptHandler interrupts;
     amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
+    // run.gpu_monitor: rank 0's GPU, sampled into rank 0's run directory (the other ranks write no files).
+    std::unique_ptr<amplab::GpuTimeline> gpu_timeline;
+    if (config.run.gpu_monitor && run.enabled() && setup.device.is_cuda())
+      gpu_timeline = std::make_unique<amplab::GpuTimeline>(setup.device, run.file("gpu_monitor.csv"));
     amplab::Results results;
     const int code = config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::make_fast_path_optimizer)
                                           : train(config, setup, run, yaml, cli, results);
+    if (gpu_timeline && gpu_timeline->available()) {
+      gpu_timeline->stop();
+      results.set("gpu_monitor", gpu_timeline->summary());
+    }
     results.write(run);  // rank 0's run directory only
+    std::cout << std::flush;  // before the plot script writes to the same stream
     if (config.bench.enabled && run.enabled()) {
-      std::cout << std::flush;  // before the plot script writes to the same stream
       amplab::make_plots("ddp", run);
       amplab::write_report(run);  // the README's questions with this run's tables and plot
     }
+    if (gpu_timeline && gpu_timeline->available() && code == amplab::kExitOk) amplab::make_plots("gpu_monitor", run);
     setup.comm->shutdown();
     return code;
   });
