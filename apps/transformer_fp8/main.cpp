@@ -10,7 +10,6 @@
 #include <ATen/ops/_scaled_mm.h>
 
 #include <cmath>
-#include <functional>
 #include <iostream>
 
 #include "amplab/fast/fast_path.hpp"
@@ -25,6 +24,7 @@
 #include "amplab/train/step_settings.hpp"
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
+#include "fp8_tables.hpp"
 #include "gpt.hpp"
 #include "mechanisms.hpp"
 
@@ -256,113 +256,6 @@ void attention_study(Lab& lab, Setting s) {
                                      std::to_string(s.steps) + " steps)");
 }
 
-// ---- The FP8 MLP and matmul tables (GPU) ----------------------------------------------------------
-
-// The lab's speed MLP (4 x Linear(8192), batch 8192, bf16 autocast): ms per forward + backward,
-// and the loss after kMlpFitSteps Adam steps from the same start.
-struct MlpResult {
-  double ms = NAN, loss = NAN;
-};
-constexpr int64_t kMlpFitSteps = 50;
-MlpResult mlp_row(torch::Device device, tf8::LinearKind kind, tf8::Fp8Scaling scaling = tf8::Fp8Scaling::dynamic) {
-  MlpResult result;
-  {
-    tf8::SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
-    for (int i = 0; i < 3; ++i) mlp.step();
-    result.ms = amplab::summarize(amplab::time_back_to_back([&] { mlp.step(); }, device, 10, 3)).median;
-  }
-  tf8::SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
-  result.loss = mlp.fit(kMlpFitSteps, 1e-4);
-  return result;
-}
-
-// One (m, k, n) matmul's TFLOP/s: bf16 torch::mm against e4m3 _scaled_mm, tensorwise and rowwise
-// (your TODO 6; null where refused).
-void matmul_row(amplab::ResultTable& table, torch::Device device, int64_t m, int64_t k, int64_t n) {
-  torch::NoGradGuard no_grad;
-  auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
-  torch::Tensor a = torch::randn({m, k}, bf16), b = torch::randn({n, k}, bf16);
-  torch::Tensor a8 = a.to(torch::kFloat8_e4m3fn), b8 = b.to(torch::kFloat8_e4m3fn);
-  torch::Tensor one = torch::ones({}, torch::TensorOptions().device(device));
-  auto tflops = [&](const std::function<void()>& f) {
-    for (int i = 0; i < 20; ++i) f();
-    return 2.0 * double(m) * double(k) * double(n) / amplab::summarize(amplab::time_back_to_back(f, device, 20, 5)).median / 1e9;
-  };
-  const double bf16_tflops = tflops([&] { torch::mm(a, b.t()); });
-  const double fp8_tflops = tflops([&] { at::_scaled_mm(a8, b8.t(), one, one, {}, {}, torch::kBFloat16); });
-  double rowwise = NAN;
-  try {  // an (m, 1) and a (1, n) scale
-    tf8::Fp8Rowwise ar = tf8::to_fp8_rowwise(a, tf8::Fp8Format::e4m3), br = tf8::to_fp8_rowwise(b, tf8::Fp8Format::e4m3);
-    torch::Tensor inv_a = ar.scale.reciprocal(), inv_b = br.scale.reciprocal().t();
-    rowwise = tflops([&] { at::_scaled_mm(ar.data, br.data.t(), inv_a, inv_b, {}, {}, torch::kBFloat16); });
-  } catch (const std::exception& e) {
-    amplab::log::warn(std::string("rowwise FP8 matmul skipped: ") + e.what());
-  }
-  table.add({std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n), bf16_tflops, fp8_tflops, rowwise,
-             fp8_tflops / bf16_tflops});
-}
-
-// The casts' effective bandwidth on an 8192 x 8192 bf16 tensor (bytes read + written per second)
-// against the device's copy of it: TODO 3's ATen versions and TODO 7's kernels (null until done).
-void cast_table(Lab& lab) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor x = torch::randn({8192, 8192}, torch::TensorOptions().dtype(torch::kBFloat16).device(lab.device));
-  torch::Tensor scale = tf8::scale_from_amax(tf8::abs_max(x), tf8::Fp8Format::e4m3);
-  const double n = static_cast<double>(x.numel());
-  auto& table = lab.results.table("fp8_casts", {{"name", "8192 x 8192 bf16"}, {"ms", "ms", amplab::decimals(3)},
-                                                {"gb_per_s", "GB/s", amplab::decimals(0)}, {"vs_copy", "vs copy", amplab::percent_of_one(0)}});
-  double copy_gbs = NAN;
-  auto row = [&](const std::string& name, double bytes, const std::function<void()>& work) {
-    nlohmann::json ms = nullptr, gbs = nullptr, vs_copy = nullptr;
-    try {
-      for (int i = 0; i < 3; ++i) work();
-      const double t = amplab::summarize(amplab::time_back_to_back(work, lab.device, 20, 3)).median;
-      ms = t;
-      gbs = bytes / t / 1e6;
-      if (std::isnan(copy_gbs)) copy_gbs = bytes / t / 1e6;
-      vs_copy = bytes / t / 1e6 / copy_gbs;
-    } catch (const amplab::NotImplemented&) {
-    }
-    table.add({name, ms, gbs, vs_copy});
-  };
-  row("copy (x.clone())", 4 * n, [&] { x.clone(); });
-  row("abs_max (TODO 3)", 2 * n, [&] { tf8::abs_max(x); });
-  row("abs_max_fast (TODO 7)", 2 * n, [&] { tf8::abs_max_fast(x); });
-  row("to_fp8 e4m3 (TODO 3)", 3 * n, [&] { tf8::to_fp8(x, scale, tf8::Fp8Format::e4m3); });
-  row("to_fp8_fast e4m3 (TODO 7)", 3 * n, [&] { tf8::to_fp8_fast(x, scale, tf8::Fp8Format::e4m3); });
-  lab.results.print("fp8_casts", "FP8 casts: bytes read + written per second (the minimum: x read once, fp8 written once)");
-}
-
-// The FP8 MLP against bf16, then single matmuls: a large square one, a small one, and the GPT's
-// qkv projection (64 x 256 tokens, 384 -> 1152).
-void fp8_tables(Lab& lab) {
-  lab.phase("fp8 mlp");
-  const double flops = 6.0 * 8192 * 8192.0 * 8192 * 4;  // 6 x batch x width^2 per layer
-  const MlpResult bf16 = mlp_row(lab.device, tf8::LinearKind::plain);
-  const MlpResult dynamic = mlp_row(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::dynamic);
-  const MlpResult delayed = mlp_row(lab.device, tf8::LinearKind::fp8, tf8::Fp8Scaling::delayed);
-  auto& table = lab.results.table("fp8_mlp", {{"name", "4 x Linear(8192), batch 8192"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
-                                              {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)},
-                                              {"fit_loss", "loss after " + std::to_string(kMlpFitSteps) + " steps", amplab::decimals(5)},
-                                              {"loss_vs_bf16", "loss vs bf16", amplab::percent_of_one(2)}});
-  for (const auto& [name, r] : {std::pair<std::string, MlpResult>{"bf16 (autocast)", bf16},
-                                {"fp8 (your fp8_linear, dynamic)", dynamic}, {"fp8 (your fp8_linear, delayed)", delayed}})
-    table.add({name, r.ms, flops / r.ms / 1e9, bf16.ms / r.ms, r.loss, r.loss / bf16.loss - 1});
-  lab.results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer; the loss: "
-                               "Adam towards a fixed random target from the same start)");
-  lab.phase("fp8 casts");
-  cast_table(lab);
-  lab.phase("fp8 matmul");
-  auto& matmuls = lab.results.table("fp8_matmul", {{"shape", "m x k x n"}, {"bf16_tflops", "bf16 TFLOP/s", amplab::decimals(0)},
-                                                   {"fp8_tflops", "fp8 tensorwise TFLOP/s", amplab::decimals(0)},
-                                                   {"fp8_rowwise_tflops", "fp8 rowwise TFLOP/s", amplab::decimals(0)},
-                                                   {"tensorwise_vs_bf16", "tensorwise / bf16", amplab::times(2)}});
-  matmul_row(matmuls, lab.device, 8192, 8192, 8192);
-  matmul_row(matmuls, lab.device, 1024, 2048, 1024);
-  matmul_row(matmuls, lab.device, 16384, 384, 1152);
-  lab.results.print("fp8_matmul", "One matmul: bf16 against FP8 (_scaled_mm, tensorwise, no cast counted)");
-}
-
 // sample.txt: generated text from the first of bf16, fp32, fp8, tf32, fp16 that ran.
 void write_sample(Lab& lab, const std::vector<RunResult>& rows, const tf8::CharData& data) {
   lab.phase("sample");
@@ -411,7 +304,7 @@ int main(int argc, char** argv) {
     const Setting s = setting_of(lab, data);
     const std::vector<RunResult> rows = precision_study(lab, s);
     if (lab.config.study.attention_study) attention_study(lab, s);
-    if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) fp8_tables(lab);
+    if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) tf8::fp8_tables(lab.results, lab.device, [&lab](const std::string& name) { lab.phase(name); });
     if (lab.config.study.sample_tokens > 0) write_sample(lab, rows, data);
     if (lab.config.study.plots) lab.plot_kind = "gpt";
     return amplab::kExitOk;

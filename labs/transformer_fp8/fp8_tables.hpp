@@ -1,0 +1,19 @@
+// Lab 7, given (no TODOs): the GPU tables of the FP8 part (fp8_mlp.csv, fp8_casts.csv,
+// fp8_matmul.csv), which the lab binary prints on a GPU with FP8 (labs/transformer_fp8/README.md).
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <string>
+
+#include "amplab/report/results.hpp"
+
+namespace transformer_fp8 {
+
+// The FP8 MLP (4 x Linear(8192), batch 8192) against bf16: ms/step, TFLOP/s and the loss after 50
+// Adam steps; the casts' GB/s against a copy; one matmul at three shapes in bf16 and FP8. Each
+// part starts with phase("fp8 mlp" | "fp8 casts" | "fp8 matmul").
+void fp8_tables(amplab::Results& results, torch::Device device, const std::function<void(const std::string&)>& phase);
+
+}  // namespace transformer_fp8
