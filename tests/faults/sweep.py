@@ -38,7 +38,7 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LABS = ["gpu_basics", "amp_training", "memory_optimization", "mnist", "ddp", "cuda_kernels"]
+LABS = ["gpu_basics", "amp_training", "memory_optimization", "mnist", "ddp", "cuda_kernels", "transformer_fp8"]
 CRASH_TEXT = re.compile(r"terminate called|Segmentation fault|core dumped|Aborted \(core|double free|stack smashing")
 LOG_LINE = re.compile(r"^(\[rank \d+\] )?\[\d\d:\d\d:\d\d (trace|debug|info|warn|warning)\]")
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: ")
