@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <cstdlib>
 #include <random>
@@ -19,6 +18,7 @@ namespace amplab {
 namespace {
 
 using test::encode_idx;
+using test::gzip_member;
 
 IdxArray make_images(int64_t n) {
   IdxArray a;
@@ -33,21 +33,6 @@ IdxArray make_labels(int64_t n) {
   a.dims = {n};
   for (int64_t i = 0; i < n; ++i) a.data.push_back(static_cast<uint8_t>(i % 10));
   return a;
-}
-
-// One gzip member holding `bytes`.
-std::string gzip_member(std::string bytes) {
-  z_stream stream{};
-  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&stream, bytes.size()) + 32, '\0');
-  stream.next_in = reinterpret_cast<Bytef*>(bytes.data());
-  stream.avail_in = static_cast<uInt>(bytes.size());
-  stream.next_out = reinterpret_cast<Bytef*>(out.data());
-  stream.avail_out = static_cast<uInt>(out.size());
-  deflate(&stream, Z_FINISH);
-  out.resize(stream.total_out);
-  deflateEnd(&stream);
-  return out;
 }
 
 // A tiny dataset directory in MNIST's layout.

@@ -10,5 +10,7 @@ namespace amplab::test {
 
 // `array` as an IDX file of unsigned bytes (type 0x08), gzip-compressed when `gzip`.
 std::string encode_idx(const IdxArray& array, bool gzip);
+// One gzip member holding `bytes` (a .gz file may hold several, one after another).
+std::string gzip_member(std::string bytes);
 
 }  // namespace amplab::test
