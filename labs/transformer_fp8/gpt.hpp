@@ -134,6 +134,7 @@ class SpeedMlp {
   double fit(int64_t steps, double lr);
 
  private:
+  torch::Tensor forward();  // the ReLU MLP on x_ under bf16 autocast, its output in float32
   std::vector<Float8Linear> layers_;
   torch::Tensor x_;
   torch::Device device_;

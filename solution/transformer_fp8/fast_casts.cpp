@@ -28,6 +28,11 @@ CastInput cast_input(const torch::Tensor& x, const char* function) {
   }
 }
 
+void check_scale(const torch::Tensor& scale, const torch::Tensor& x, const char* function) {
+  if (scale.numel() != 1 || scale.scalar_type() != torch::kFloat32 || scale.device() != x.device())
+    throw amplab::Error(std::string(function) + ": scale must be one float32 value on x's device");
+}
+
 // Your kernels against your TODO 3 functions on a tensor with whole 16-byte packs and a tail, with
 // values beyond both formats' ranges: true when every byte agrees.
 bool kernels_agree_with_the_reference_casts() {
@@ -81,8 +86,7 @@ torch::Tensor abs_max_fast(const torch::Tensor& x) {
 
 torch::Tensor to_fp8_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
   const CastInput type = cast_input(x, "to_fp8_fast");
-  if (scale.numel() != 1 || scale.scalar_type() != torch::kFloat32 || scale.device() != x.device())
-    throw amplab::Error("to_fp8_fast: scale must be one float32 value on x's device");
+  check_scale(scale, x, "to_fp8_fast");
   const torch::Tensor input = x.contiguous(), s = scale.contiguous();
   const c10::cuda::CUDAGuard guard(input.device());
   torch::Tensor out = torch::empty(input.sizes(), input.options().dtype(fp8_dtype(format)));
@@ -94,8 +98,7 @@ torch::Tensor to_fp8_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp
 Fp8WithTranspose to_fp8_transposed_fast(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
   const CastInput type = cast_input(x, "to_fp8_transposed_fast");
   if (x.dim() != 2) throw amplab::Error("to_fp8_transposed_fast: x must be 2-D, got " + std::to_string(x.dim()) + "-D");
-  if (scale.numel() != 1 || scale.scalar_type() != torch::kFloat32 || scale.device() != x.device())
-    throw amplab::Error("to_fp8_transposed_fast: scale must be one float32 value on x's device");
+  check_scale(scale, x, "to_fp8_transposed_fast");
   torch::Tensor input = x.contiguous();
   if (reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 != 0) input = input.clone();  // a view's offset
   const torch::Tensor s = scale.contiguous();

@@ -282,14 +282,14 @@ SpeedMlp::SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind
   x_ = torch::randn({batch, width}, torch::TensorOptions().device(device));
 }
 
-void SpeedMlp::step() {
+torch::Tensor SpeedMlp::forward() {
   torch::Tensor y = x_;
-  {
-    amplab::AutocastGuard autocast(device_.type(), torch::kBFloat16);
-    for (auto& layer : layers_) y = torch::relu(layer(y));
-  }
-  y.to(torch::kFloat32).mean().backward();
+  amplab::AutocastGuard autocast(device_.type(), torch::kBFloat16);
+  for (auto& layer : layers_) y = torch::relu(layer(y));
+  return y.to(torch::kFloat32);
 }
+
+void SpeedMlp::step() { forward().mean().backward(); }
 
 double SpeedMlp::fit(int64_t steps, double lr) {
   std::vector<torch::Tensor> parameters;
@@ -300,12 +300,7 @@ double SpeedMlp::fit(int64_t steps, double lr) {
   torch::Tensor loss;
   for (int64_t i = 0; i < steps; ++i) {
     adam.zero_grad();
-    torch::Tensor y = x_;
-    {
-      amplab::AutocastGuard autocast(device_.type(), torch::kBFloat16);
-      for (auto& layer : layers_) y = torch::relu(layer(y));
-    }
-    loss = torch::mse_loss(y.to(torch::kFloat32), target);
+    loss = torch::mse_loss(forward(), target);
     loss.backward();
     adam.step();
   }

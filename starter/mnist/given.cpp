@@ -56,18 +56,18 @@ Evaluation evaluate(Net& net, const ResidentSplit& split, int64_t batch_size, am
 
 namespace {
 
-// mnist.loader=pageable|pinned: each batch gathered in host memory and copied on the current
-// (compute) stream, from the gathered tensor itself or from a pinned copy of it. The caching host
-// allocator keeps a pinned block until the copy queued from it has finished.
-class HostBatches : public amplab::BatchSource {
+// mnist.loader=pinned: each batch gathered in host memory, copied into pinned memory and from there
+// to the device on the current (compute) stream without blocking the host. (pageable is
+// amplab::TensorBatches over host tensors.) The caching host allocator keeps a pinned block until
+// the copy queued from it has finished.
+class PinnedBatches : public amplab::BatchSource {
  public:
-  HostBatches(torch::Tensor inputs, torch::Tensor targets, amplab::EpochSampler sampler, torch::Device device,
-              bool pinned, std::function<torch::Tensor(const torch::Tensor&)> layout)
+  PinnedBatches(torch::Tensor inputs, torch::Tensor targets, amplab::EpochSampler sampler, torch::Device device,
+                std::function<torch::Tensor(const torch::Tensor&)> layout)
       : inputs_(std::move(inputs)),
         targets_(std::move(targets)),
         sampler_(std::move(sampler)),
         device_(device),
-        pinned_(pinned),
         layout_(std::move(layout)) {}
   void set_epoch(int64_t epoch) override { sampler_.set_epoch(epoch); }
   int64_t batches_per_epoch() const override { return sampler_.batches_per_epoch(); }
@@ -76,7 +76,7 @@ class HostBatches : public amplab::BatchSource {
   amplab::Batch batch(int64_t index) override {
     torch::Tensor idx = sampler_.batch_indices(index);
     torch::Tensor input = inputs_.index_select(0, idx), target = targets_.index_select(0, idx);
-    if (pinned_ && device_.is_cuda()) {
+    if (device_.is_cuda()) {
       input = input.pin_memory();
       target = target.pin_memory();
     }
@@ -88,7 +88,6 @@ class HostBatches : public amplab::BatchSource {
   torch::Tensor inputs_, targets_;
   amplab::EpochSampler sampler_;
   torch::Device device_;
-  bool pinned_;
   std::function<torch::Tensor(const torch::Tensor&)> layout_;
 };
 
@@ -108,8 +107,9 @@ std::unique_ptr<amplab::BatchSource> make_train_batches(const std::string& loade
     amplab::log::info("loader: " + loader + " (mnist.loader): the training images in host memory, each batch copied " +
                       (loader == "pinned" ? "from pinned memory, without blocking the host," : "from pageable memory") +
                       " on the compute stream to " + device.str());
-    return std::make_unique<HostBatches>(host_images, split.labels, std::move(sampler), device, loader == "pinned",
-                                         std::move(layout));
+    if (loader == "pageable")
+      return std::make_unique<amplab::TensorBatches>(host_images, split.labels, std::move(sampler), device, std::move(layout));
+    return std::make_unique<PinnedBatches>(host_images, split.labels, std::move(sampler), device, std::move(layout));
   }
   amplab::log::info("loader: prefetch (mnist.loader): the training images in host memory, each batch through "
                     "pinned memory and a side stream to " + device.str());
