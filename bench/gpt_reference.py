@@ -51,6 +51,8 @@ def parse_args():
     p.add_argument("--lr-decay-steps", type=int, default=5000, help="nanoGPT's lr_decay_iters")
     p.add_argument("--rows", default="fp32,tf32,fp16,fp16-no-scaler,bf16,bf16-math")
     p.add_argument("--compile", action="store_true", help="also bf16 with torch.compile")
+    p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
+                   help="torch.compile's mode for the bf16-compile row (reduce-overhead adds CUDA graphs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results here")
     return p.parse_args()
@@ -164,7 +166,7 @@ def run_row(a, row, data, dev):
     train, val, vocab = data
     model = Gpt(a, vocab, math_path=row == "bf16-math").to(dev)
     torch.manual_seed(a.seed)  # batches and dropout from here, as in the C++ app
-    step_model = torch.compile(model) if row == "bf16-compile" else model
+    step_model = torch.compile(model, mode=a.compile_mode) if row == "bf16-compile" else model
     optimizer = optimizer_of(a, model)
     dtype = {"fp16": torch.float16, "fp16-no-scaler": torch.float16}.get(row, torch.bfloat16)
     autocast = row not in ("fp32", "tf32")

@@ -66,10 +66,12 @@ struct Setting {
   uint64_t seed;
   amplab::StepSettings train;
   tf8::LrSchedule schedule;
+  bool graph_steps = true;  // with train.fast_path on a GPU, each step as one CUDA graph where it can be
 };
 
 struct RunResult {  // NaN where the row did not run
   std::string name, skipped_because;
+  std::string steps = "eager";  // or "CUDA graph"
   double ms_per_step = NAN, tokens_per_s = NAN, peak_mib = NAN, val_loss = NAN;  // the last validation loss
   tf8::Gpt model{nullptr};
 };
@@ -114,6 +116,14 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   untracked.track = false;
   amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },
                           train, s.device, amplab::course_mechanisms(), untracked, gpt_optimizer);
+  // The fast path's CUDA graph, unless the layers keep host-side state a replay would freeze (the
+  // delayed-scaling history's next slot is a host integer).
+  const bool host_state = v.linear == tf8::LinearKind::fp8 && options.scaling == tf8::Fp8Scaling::delayed;
+  amplab::FastPathSteps path;
+  if (s.graph_steps && !host_state) path = amplab::fast_path_steps(trainer);
+  if (path.run_step) r.steps = "CUDA graph";
+  if (host_state && s.graph_steps) amplab::log::info(v.name + ": eager steps (delayed scaling keeps its history's next slot on the host)");
+  if (!path.description.empty()) amplab::log::info(v.name + ": " + path.description);
   auto validation_loss = [&] {
     torch::NoGradGuard no_grad;
     model->eval();
@@ -133,7 +143,8 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
     amplab::set_learning_rate(trainer.optimizer(), s.schedule.at(step - 1));
     amplab::synchronize(s.device);
     amplab::Stopwatch clock;
-    torch::Tensor loss = trainer.step(amplab::Batch{x, y}).loss;
+    amplab::ReadyBatch batch(amplab::Batch{x, y});
+    torch::Tensor loss = (path.run_step ? path.run_step(batch, 0, 1) : trainer.step(batch.batch(0))).loss;
     amplab::synchronize(s.device);
     if (step > s.warmup) timed_ms += clock.milliseconds();
     if (step % s.eval_every != 0 && step != s.steps) continue;
@@ -217,14 +228,14 @@ std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
     if (name == "fp32") fp32_ms = rows.back().ms_per_step;
   }
   auto& table = lab.results.table(
-      "precision", {{"row", "row"}, {"ms_per_step", "ms/step", amplab::decimals(lab.on_cpu() ? 1 : 2)},
+      "precision", {{"row", "row"}, {"steps", "steps"}, {"ms_per_step", "ms/step", amplab::decimals(lab.on_cpu() ? 1 : 2)},
                     {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
                     {"val_loss", "val loss (last)", amplab::decimals(4)},
                     {"speedup_vs_fp32", "speed-up vs fp32", amplab::times(2)}, {"skipped_because", ""}});
   std::string notes;
   for (const auto& r : rows) {
     const bool ran = r.skipped_because.empty();
-    table.add({r.name, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
+    table.add({r.name, r.steps, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
                ran ? nlohmann::json() : nlohmann::json(r.skipped_because)});
     if (!ran) notes += "  " + r.name + ": skipped, " + r.skipped_because + "\n";
   }
@@ -242,6 +253,7 @@ void attention_study(Lab& lab, Setting s) {
   const Variant v = variant_of(lab.on_cpu() ? "fp32" : "bf16");
   s.steps = s.eval_every = lab.config.study.attention_steps;
   s.warmup = std::min<int64_t>(lab.config.study.warmup, s.steps / 2);
+  s.graph_steps = false;  // eager, all three: your attention may not be capturable, and the kernels compare as they run
   auto& table = lab.results.table(
       "attention", {{"attention", "attention"}, {"precision", "precision"}, {"ms_per_step", "ms/step", amplab::decimals(2)},
                     {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <utility>
 
 #include "amplab/data/sampler.hpp"
 
@@ -32,6 +33,20 @@ class BatchSource {
     into.input.copy_(b.input);
     into.target.copy_(b.target);
   }
+};
+
+// A batch already made, as a BatchSource of one batch (for a step that reads a BatchSource, like
+// the CUDA-graph step, fed by a loop that samples its own batches).
+class ReadyBatch : public BatchSource {
+ public:
+  explicit ReadyBatch(Batch batch) : batch_(std::move(batch)) {}
+  void set_epoch(int64_t) override {}
+  int64_t batches_per_epoch() const override { return 1; }
+  Batch batch(int64_t) override { return batch_; }
+  int64_t batch_rows(int64_t) override { return batch_.size(); }
+
+ private:
+  Batch batch_;
 };
 
 // Samples held in tensors (on the CPU or already on the device), batched by an EpochSampler.

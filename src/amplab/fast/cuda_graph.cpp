@@ -73,20 +73,9 @@ GraphedTrainStep::~GraphedTrainStep() = default;
 
 bool GraphedTrainStep::captured() const { return impl_->graph != nullptr; }
 
-namespace {
-// Adapts a ready batch to the BatchSource interface (the first overload of step()).
-struct OneBatch : BatchSource {
-  const Batch& b;
-  explicit OneBatch(const Batch& batch) : b(batch) {}
-  void set_epoch(int64_t) override {}
-  int64_t batches_per_epoch() const override { return 1; }
-  Batch batch(int64_t) override { return b; }
-  int64_t batch_rows(int64_t) override { return b.size(); }
-};
-}  // namespace
 
 StepResult GraphedTrainStep::step(const Batch& batch) {
-  OneBatch one(batch);
+  ReadyBatch one(batch);
   return step(one, 0);
 }
 
