@@ -127,7 +127,7 @@ std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weig
 class SpeedMlp {
  public:
   SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device);
-  void step();  // forward + backward; the weights' gradients accumulate (only steps are timed)
+  void step();  // a training step's forward + backward: the gradients set to none first, as zero_grad leaves them
   // Trains `steps` Adam steps (learning rate `lr`) towards a fixed random target under mean
   // squared error, from the weights as they are; the last step's loss. The same seed gives every
   // kind the same weights, input and target, so the losses compare the precisions.

@@ -289,7 +289,10 @@ torch::Tensor SpeedMlp::forward() {
   return y.to(torch::kFloat32);
 }
 
-void SpeedMlp::step() { forward().mean().backward(); }
+void SpeedMlp::step() {
+  for (auto& layer : layers_) layer->weight.mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none) leaves them
+  forward().mean().backward();
+}
 
 double SpeedMlp::fit(int64_t steps, double lr) {
   std::vector<torch::Tensor> parameters;

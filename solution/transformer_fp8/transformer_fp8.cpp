@@ -127,7 +127,10 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 // Each on _scaled_mm: the first operand row-major (g, or g^T's own row-major copy), the second
 // column-major: the .t() of a row-major transpose saved in forward. Return one gradient per
 // forward input: {dx, dw, undefined, undefined} (the scales get none).
-// Pitfall: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is.
+// Pitfalls: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is. Compute only the
+// gradients autograd asks for (ctx->needs_input_grad(i), an undefined tensor for the others): a
+// network's first layer gets an input that needs no gradient, and its dL/dx would cost a whole
+// matmul, as much as each of the others (torch's own linear skips it too).
 torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                          torch::autograd::tensor_list grad_outputs) {
   // BEGIN SOLUTION
@@ -142,9 +145,11 @@ torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::Autogr
   torch::Tensor g_scale = scale_from_amax(amax_for_cast(g), Fp8Format::e5m2);
   Fp8WithTranspose g8 = cast_to_fp8_with_transpose(g, g_scale, Fp8Format::e5m2);  // (N, out), (out, N)
   torch::Tensor g_inv = g_scale.reciprocal();
-  torch::Tensor dx = at::_scaled_mm(g8.data, w8_t.t(), g_inv, w_inv, {}, {}, x_dtype);
-  torch::Tensor dw = at::_scaled_mm(g8.transposed, x8_t.t(), g_inv, x_inv, {}, {}, torch::kFloat32);
-  return {dx, dw.to(w_dtype), torch::Tensor(), torch::Tensor()};
+  torch::Tensor dx, dw;
+  if (ctx->needs_input_grad(0)) dx = at::_scaled_mm(g8.data, w8_t.t(), g_inv, w_inv, {}, {}, x_dtype);
+  if (ctx->needs_input_grad(1))
+    dw = at::_scaled_mm(g8.transposed, x8_t.t(), g_inv, x_inv, {}, {}, torch::kFloat32).to(w_dtype);
+  return {dx, dw, torch::Tensor(), torch::Tensor()};
   // END SOLUTION
 }
 

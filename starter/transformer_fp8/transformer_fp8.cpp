@@ -98,7 +98,10 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 // Each on _scaled_mm: the first operand row-major (g, or g^T's own row-major copy), the second
 // column-major: the .t() of a row-major transpose saved in forward. Return one gradient per
 // forward input: {dx, dw, undefined, undefined} (the scales get none).
-// Pitfall: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is.
+// Pitfalls: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is. Compute only the
+// gradients autograd asks for (ctx->needs_input_grad(i), an undefined tensor for the others): a
+// network's first layer gets an input that needs no gradient, and its dL/dx would cost a whole
+// matmul, as much as each of the others (torch's own linear skips it too).
 torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                          torch::autograd::tensor_list grad_outputs) {
   AMPLAB_TODO("transformer_fp8-4");
