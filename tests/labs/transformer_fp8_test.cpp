@@ -627,10 +627,10 @@ TEST(Transformer7_FastCasts, MatchTheTensorCastsBitForBit_CUDA) {
 
 // The stretch's speed: a step of the lab's FP8 MLP (4 x Linear(8192), batch 8192, dynamic
 // scaling: your casts, kernels and FP8 linear) against the same MLP on torch's bf16 linears. The
-// reference solution's speed-up on an H200 (700 W, 1980 MHz; measured 2026-11-24: 1.44x in the
-// lab's table, 1.47x in this test; update it from labs/transformer_fp8/gpu-check.sh's output);
+// reference solution's speed-up on an H200 (700 W, 1980 MHz; measured 2026-11-24: 1.57x and 1.58x
+// in the lab's table, 1.57x in this test; update it from labs/transformer_fp8/gpu-check.sh's output);
 // full points at 5/6 of it, proportionally less below. It never fails for speed.
-constexpr double kReferenceFp8MlpSpeedup = 1.45;
+constexpr double kReferenceFp8MlpSpeedup = 1.57;
 
 TEST(TransformerGpu, Fp8MlpSpeed_CUDA) {
   AMPLAB_REQUIRE_FP8_GPU();
