@@ -15,13 +15,16 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_scaled_mm.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -410,6 +413,40 @@ TEST(Transformer4_Fp8Linear, BackwardUsesE5m2GradientsAndMatchesThePlainLinear) 
   EXPECT_TRUE(test::tensors_close(c.w.grad(), dw, 1e-5, 1e-6 * dw.abs().max().item<double>())) << "dL/dw = g^T x";
   EXPECT_GE(sqnr_db(c.x.grad(), torch::matmul(g, c.w.detach())), 20.0) << "dL/dx against the fp32 linear's";
   EXPECT_GE(sqnr_db(c.w.grad(), torch::matmul(g.t(), c.x.detach())), 20.0) << "dL/dw against the fp32 linear's";
+}
+
+// The FP8 matmuls (aten::_scaled_mm, seen by a RecordFunction observer on any thread) that run
+// while `work` does.
+std::atomic<int> scaled_matmuls{0};
+int scaled_matmuls_during(const std::function<void()>& work) {
+  scaled_matmuls = 0;
+  auto handle = at::addGlobalCallback(at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                        if (std::string_view(fn.name()) == "aten::_scaled_mm") ++scaled_matmuls;
+                                        return nullptr;
+                                      }).needsInputs(false));
+  work();
+  at::removeCallback(handle);
+  return scaled_matmuls.load();
+}
+
+// A network's first layer gets an input that needs no gradient (the data): its dL/dx would cost
+// an FP8 matmul as large as the others and be thrown away. Backward computes what autograd asks
+// for: one matmul (dL/dw) there, two when the input needs its gradient too.
+TEST(Transformer4_Fp8Linear, BackwardComputesOnlyTheGradientsAutogradAsksFor) {
+  LinearCase c = linear_case(13);
+  const torch::Tensor data = c.x.detach();  // an input without a gradient
+  torch::Tensor y = lab::fp8_linear(data, c.w, c.x_scale, c.w_scale);
+  EXPECT_EQ(scaled_matmuls_during([&] { y.sum().backward(); }), 1)
+      << "FP8 matmuls in backward for an input that needs no gradient: dL/dw only (ctx->needs_input_grad)";
+  ASSERT_TRUE(c.w.grad().defined()) << "the weight still gets its gradient";
+  torch::Tensor ones = torch::ones({64, 48});
+  torch::Tensor g8 = dequantized(ones, lab::scale_from_amax(lab::abs_max(ones), Fp8Format::e5m2), Fp8Format::e5m2);
+  torch::Tensor dw = torch::matmul(g8.t(), dequantized(data, c.x_scale, Fp8Format::e4m3));
+  EXPECT_TRUE(test::tensors_close(c.w.grad(), dw, 1e-5, 1e-6 * dw.abs().max().item<double>())) << "dL/dw = g^T x";
+
+  LinearCase both = linear_case(13);
+  torch::Tensor y2 = lab::fp8_linear(both.x, both.w, both.x_scale, both.w_scale);
+  EXPECT_EQ(scaled_matmuls_during([&] { y2.sum().backward(); }), 2) << "dL/dx and dL/dw when both are asked for";
 }
 
 TEST(Transformer4_Fp8Linear, Bf16InputsGiveBf16OutputsAndFp32WeightGradients) {
