@@ -232,6 +232,30 @@ TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.fast_path", "schedule", "a fused optimizer"}));
 }
 
+// A step that waits for the GPU on the host (an .item() in the loss) runs eagerly but cannot be
+// captured: the capture fails in one line naming train.fast_path and what to do, the failed
+// capture is ended, and the device goes on working.
+TEST(GpuCudaGraph, AStepThatSyncsOnTheHostFailsToCaptureInOneLine_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  auto [net, twin] = twin_mlps_on_gpu(4);
+  LossFn syncing = [inner = cross_entropy_of(net)](const Batch& b) {
+    torch::Tensor loss = inner(b);
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));  // the host waits for the GPU here
+    return loss;
+  };
+  Trainer trainer(net, syncing, graph_config(Precision::fp32), kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  GraphedTrainStep graph(trainer, /*warmup_steps=*/2);
+  Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
+  for (int i = 0; i < 2; ++i) graph.step(b);  // eager warm-up steps: fine
+  EXPECT_TRUE(test::throws_with([&] { graph.step(b); },
+                                {"train.fast_path", "cannot be captured", "on the host", "train.fast_path=false"}));
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(torch::ones({8}, kGpu).sum().item<float>(), 8.0f) << "the device after the failed capture";
+  EXPECT_TRUE(torch::isfinite(torch::randn({8}, kGpu)).all().item<bool>()) << "its random generator after it";
+  Trainer eager(twin, cross_entropy_of(twin), graph_config(Precision::fp32), kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  EXPECT_TRUE(std::isfinite(eager.step(b).loss.item<double>())) << "an eager step after the failed capture";
+}
+
 // train.fast_path on a GPU: fit() gets a step replayed as one CUDA graph in one process, eager
 // steps across processes, and a refusal naming both keys with accumulation.
 TEST(GpuCudaGraph, FastPathStepsReplayAGraphInOneProcess_CUDA) {

@@ -4,6 +4,7 @@
 
 #ifdef AMPLAB_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -54,6 +55,25 @@ void wait_for(c10::cuda::CUDAStream waiter, c10::cuda::CUDAStream target) {
   event.block(waiter);
 }
 
+// Ends a capture that failed half-way, so that the error can be reported and the device used
+// again: the stream leaves capture mode (what was captured is dropped), and the device's random
+// generator, which only a successful CUDAGraph::capture_end takes out of capture mode, gets a
+// fresh state at the same seed and offset.
+void abandon_capture(c10::cuda::CUDAStream stream) {
+  cudaGraph_t partial = nullptr;
+  (void)cudaStreamEndCapture(stream.stream(), &partial);  // fails for an invalidated capture: expected
+  if (partial != nullptr) (void)cudaGraphDestroy(partial);
+  (void)cudaGetLastError();  // clears the capture's error
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(stream.device_index());
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  at::Generator fresh = at::make_generator<at::CUDAGeneratorImpl>(stream.device_index());
+  fresh.set_current_seed(generator.current_seed());
+  fresh.set_offset(generator.get_offset());
+  generator.graphsafe_set_state(fresh);
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 StepResult copy_of(const StepResult& r) {
   StepResult out = r;
   out.loss = r.loss.clone();
@@ -72,7 +92,6 @@ GraphedTrainStep::GraphedTrainStep(Trainer& trainer, int warmup_steps) {
 GraphedTrainStep::~GraphedTrainStep() = default;
 
 bool GraphedTrainStep::captured() const { return impl_->graph != nullptr; }
-
 
 StepResult GraphedTrainStep::step(const Batch& batch) {
   ReadyBatch one(batch);
@@ -117,7 +136,18 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
       s.graph->capture_begin();
-      s.static_result = trainer.step(s.static_batch);
+      try {
+        s.static_result = trainer.step(s.static_batch);
+      } catch (const std::exception& e) {
+        abandon_capture(s.side_stream);
+        at::autocast::set_autocast_cache_enabled(cache);
+        // Kept alive on purpose: the caching allocator still holds the failed capture's filter,
+        // which reads this object on every later allocation (a destroyed one would be read after free).
+        (void)s.graph.release();
+        throw Error(std::string("train.fast_path: the step cannot be captured as a CUDA graph, it waits for the GPU on the "
+                                "host (an .item(), a copy to the CPU, a sync) [") +
+                    first_line(e.what()) + "]: take that out of the step, or set train.fast_path=false");
+      }
       s.graph->capture_end();
       at::autocast::set_autocast_cache_enabled(cache);
     }
