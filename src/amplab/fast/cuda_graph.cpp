@@ -141,8 +141,8 @@ StepResult GraphedTrainStep::step(BatchSource& data, int64_t index) {
       } catch (const std::exception& e) {
         abandon_capture(s.side_stream);
         at::autocast::set_autocast_cache_enabled(cache);
-        // Kept alive on purpose: the caching allocator still holds the failed capture's filter,
-        // which reads this object on every later allocation (a destroyed one would be read after free).
+        // Kept rather than destroyed: its capture never reached capture_end, and CUDAGraph's
+        // clean-up assumes one that did. One object leaked, on an error path.
         (void)s.graph.release();
         throw Error(std::string("train.fast_path: the step cannot be captured as a CUDA graph, it waits for the GPU on the "
                                 "host (an .item(), a copy to the CPU, a sync) [") +
