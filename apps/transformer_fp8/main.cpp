@@ -235,7 +235,7 @@ std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
   std::string notes;
   for (const auto& r : rows) {
     const bool ran = r.skipped_because.empty();
-    table.add({r.name, r.steps, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
+    table.add({r.name, ran ? nlohmann::json(r.steps) : nlohmann::json(), r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
                ran ? nlohmann::json() : nlohmann::json(r.skipped_because)});
     if (!ran) notes += "  " + r.name + ": skipped, " + r.skipped_because + "\n";
   }
