@@ -120,10 +120,13 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   // delayed-scaling history's next slot is a host integer).
   const bool host_state = v.linear == tf8::LinearKind::fp8 && options.scaling == tf8::Fp8Scaling::delayed;
   amplab::FastPathSteps path;
-  if (s.graph_steps && !host_state) path = amplab::fast_path_steps(trainer);
+  if (s.graph_steps && host_state) {
+    amplab::log::info(v.name + ": eager steps (delayed scaling keeps its history's next slot on the host)");
+  } else if (s.graph_steps) {
+    path = amplab::fast_path_steps(trainer);
+    amplab::log::info(v.name + ": " + path.description);
+  }
   if (path.run_step) r.steps = "CUDA graph";
-  if (host_state && s.graph_steps) amplab::log::info(v.name + ": eager steps (delayed scaling keeps its history's next slot on the host)");
-  if (!path.description.empty()) amplab::log::info(v.name + ": " + path.description);
   auto validation_loss = [&] {
     torch::NoGradGuard no_grad;
     model->eval();

@@ -292,7 +292,7 @@ torch::Tensor SpeedMlp::forward() {
 }
 
 void SpeedMlp::step() {
-  for (auto& layer : layers_) layer->weight.mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none) leaves them
+  for (auto& layer : layers_) layer->zero_grad();  // gradients set to none, as a training step leaves them
   forward().mean().backward();
 }
 
