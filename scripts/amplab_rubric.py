@@ -60,9 +60,16 @@ FIELDS = {
     "description": "a line for people (shown in the report)",
     "partial": "true: a pass scores points x the points_fraction (0..1) the test records with "
                "RecordProperty (performance tests); none recorded scores 0 (default false)",
+    "allow": "what the test's process may do beyond lab code, under the grader's seccomp filter: a list of "
+             "'sockets' (a rendezvous on the loopback), 'processes' (it starts the lab binary or ranks) (default [])",
+    "judged": "where the verdict is decided: 'outside' (default: the judge, linked with the reference only, "
+              "checks the student's observed values against its own run) or 'inside' (the student's process's "
+              "own report: for checks on timings or other values two honest runs do not share; the README "
+              "counts these points as what an attacker inside the process could still reach)",
 }
+ALLOWED = ("sockets", "processes")
 DEFAULTS = {"time_limit_s": 60, "memory_mb": 8192, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": "",
-            "partial": False}
+            "partial": False, "allow": [], "judged": "outside"}
 # The property a partial test records (gtest's RecordProperty, in its JSON report).
 POINTS_FRACTION = "points_fraction"
 TODO_MARK = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
@@ -103,6 +110,8 @@ class RubricTest:
     tags: list = dataclasses.field(default_factory=list)
     description: str = ""
     partial: bool = False
+    allow: list = dataclasses.field(default_factory=list)
+    judged: str = "outside"
     source: str = ""  # the rubric file
 
     @property
@@ -136,6 +145,12 @@ def _check_value(where, key, value):
     elif key == "partial":
         if not isinstance(value, bool):
             raise RubricError(f"{where}: 'partial' must be true or false, not {value!r}")
+    elif key == "allow":
+        if not isinstance(value, list) or any(v not in ALLOWED for v in value):
+            raise RubricError(f"{where}: 'allow' must be a list of {', '.join(ALLOWED)}, not {value!r}")
+    elif key == "judged":
+        if value not in ("outside", "inside"):
+            raise RubricError(f"{where}: 'judged' must be outside or inside, not {value!r}")
     elif key == "env":
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise RubricError(f"{where}: 'env' must map variable names to values, not {value!r}")
@@ -197,7 +212,8 @@ def load_rubric(path, lab=None):
                                 gpus=values["gpus"], visibility=values["visibility"],
                                 env={k: str(v) for k, v in values["env"].items()},
                                 tags=list(values["tags"]), description=values["description"],
-                                partial=values["partial"], source=str(path)))
+                                partial=values["partial"], allow=list(values["allow"]), judged=values["judged"],
+                                source=str(path)))
     return tests
 
 

@@ -6,16 +6,20 @@ does CI):
     reference solutions, hidden tests, build directories, git history and the results directory
     are made unreadable to it (mode 0700, restored afterwards) while grading runs;
   - write anything the grader reads: the checkout, run_autograder and the results are not its;
-    its only writable places are a private home and /tmp, wiped after every test;
+    its only writable places are a private home and its own /tmp;
+  - reach another test: where the kernel lets bubblewrap make namespaces, each test runs in its own
+    IPC, PID, network (loopback only) and mount namespaces, with a fresh /tmp, /var/tmp, /dev/shm
+    and /run/lock, so nothing a test leaves in them or in SysV IPC outlives it or reaches the test
+    beside it; where it cannot, tests run one at a time and what the user left is removed after each;
   - outlive its test: every process of that user is killed after each test, before the next
     one and before results.json is written;
   - exhaust the machine: per test a time limit, an address-space limit (CPU tests), a limit on
     processes and threads, a file-size limit, and at most OUTPUT_KEPT bytes of its output kept
     (the head and the tail; the rest is counted);
-  - decide its own grade: the verdict comes from the lines the grader's test main() writes to a
-    pipe, each carrying a token made for this grading run and compiled into that main() only
-    (tests/grading/verdict_main.cpp); gtest's report files, the exit code and the output are not
-    evidence. judge() turns those lines into an outcome.
+  - decide its own grade: its process only reports what the test observed (tests/support/
+    judged.hpp); the verdict comes from the judge, a binary linked with the reference only, whose
+    lines to the grader carry a token made for this grading run and compiled into the judge's
+    main only (tests/grading/verdict_main.cpp). judge() turns those lines into an outcome.
 Without root (an instructor grading their own copy) none of the user separation is possible: the
 tests run as the caller with the limits only, and the grader says so.
 """
@@ -41,10 +45,11 @@ import time
 
 USER = "amplab-student"           # and amplab-student2: two tests run at once, each as a user of its own
 OUTPUT_KEPT = 256 * 1024          # bytes of a test's output kept at its start, and as many at its end
-VERDICT_KEPT = 1024 * 1024        # bytes of verdict lines read at most
+VERDICT_KEPT = 256 * 1024 * 1024  # bytes read at most from the pipe (a student's observations, or verdict lines)
 PROCESSES = 1024                  # processes and threads of the student's user at once
 FILE_BYTES = 1 << 30              # the largest file a test may write
-WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # a fresh one of each per test, with namespaces
 
 
 @dataclasses.dataclass
@@ -54,8 +59,12 @@ class Run:
     head: bytes                   # the output's start (stdout and stderr together)
     tail: bytes                   # its end, when it was longer than the head
     total: int                    # bytes of output in all
-    verdict: list                 # the lines read from the verdict pipe, as text
+    stream: bytes                 # what the process wrote to its pipe (observations, or verdict lines)
     limits: list                  # one line per limit the test ran into
+
+    @property
+    def verdict(self) -> list:
+        return self.stream.decode(errors="replace").splitlines()
 
     def output(self) -> str:
         text = self.head.decode(errors="replace")
@@ -92,11 +101,14 @@ class Sandbox:
         self.saved_modes = {}
         self.uid = self.gid = None
         self.network_isolated = False
+        self.namespaces = False
         if self.isolated:
             self.uid, self.gid = ensure_user(user)
-            # a network namespace of its own (loopback only, not the machine's) where the kernel
+            self.namespaces = namespaces_work()
+            # without bubblewrap: a network namespace of its own (loopback only) where the kernel
             # allows one; not in every container
-            self.network_isolated = subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+            self.network_isolated = self.namespaces or \
+                subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
 
     # ---- secrets -------------------------------------------------------------------------------
     def __enter__(self):
@@ -119,9 +131,10 @@ class Sandbox:
         return False
 
     # ---- one test ------------------------------------------------------------------------------
-    def run(self, argv, env, cwd, timeout_s, binaries, memory_mb=None):
-        """Runs argv[0] (a path among `binaries`, {name in bin/: path}) with its bin/ copied into a
-        fresh directory the student's user can execute but not read; returns a Run."""
+    def run(self, argv, env, cwd, timeout_s, binaries, memory_mb=None, pipe="AMPLAB_VERDICT_FD", files=None):
+        """Runs argv[0] (a name among `binaries`, {name in bin/: path}) with its bin/ copied into a
+        fresh directory the student's user can execute but not read, and `files` ({name: bytes})
+        beside it, readable by that user; the pipe's write end is passed as $`pipe`. Returns a Run."""
         work = pathlib.Path(tempfile.mkdtemp(prefix="amplab-test-"))
         try:
             os.chmod(work, 0o711)
@@ -131,23 +144,43 @@ class Sandbox:
             for name, source in binaries.items():
                 shutil.copy2(source, bindir / name)
                 os.chmod(bindir / name, 0o711 if self.isolated else 0o755)
+            for name, data in (files or {}).items():
+                (work / name).write_bytes(data)
+                os.chmod(work / name, 0o644)
             home = work / "home"
             home.mkdir()
             if self.isolated:
                 os.chown(home, self.uid, self.gid)
             os.chmod(home, 0o700)
-            env = dict(env, HOME=str(home), TMPDIR=str(home), AMPLAB_BINARY_DIR=str(work))
+            env = {k: v.replace("{work}", str(work)) for k, v in env.items()}  # a path to `files`
+            env.update(HOME=str(home), TMPDIR=str(home), AMPLAB_BINARY_DIR=str(work))
             argv = [str(bindir / pathlib.Path(argv[0]).name)] + list(argv[1:])
-            return self._run(argv, env, cwd, timeout_s, memory_mb)
+            return self._run(argv, env, cwd, timeout_s, memory_mb, pipe, work)
         finally:
             self.kill_all()
             self.wipe()
             shutil.rmtree(work, ignore_errors=True)
 
-    def _run(self, argv, env, cwd, timeout_s, memory_mb):
+    def wrapped(self, argv, work):
+        """argv inside its own namespaces (bubblewrap), run as the student's user (setpriv)."""
+        if not self.namespaces:
+            return argv
+        box = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+               "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+        for private in PRIVATE_DIRS:
+            if os.path.isdir(private):
+                box += ["--perms", "1777", "--tmpfs", private]
+        box += ["--bind", str(work), str(work), "--"]
+        return box + ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all",
+                      "--"] + argv
+
+    def _run(self, argv, env, cwd, timeout_s, memory_mb, pipe, work):
         read_fd, write_fd = os.pipe()
-        env = dict(env, AMPLAB_VERDICT_FD=str(write_fd))
-        uid, gid, isolated, own_network = self.uid, self.gid, self.isolated, self.network_isolated
+        env = dict(env, **{pipe: str(write_fd)})
+        uid, gid, isolated = self.uid, self.gid, self.isolated
+        own_network = self.network_isolated and not self.namespaces
+        drop_here = isolated and not self.namespaces  # else setpriv drops to the user inside the namespaces
+        argv = self.wrapped(argv, work)
 
         def become_student():  # in the child, between fork and exec
             os.umask(0o077)
@@ -160,6 +193,7 @@ class Sandbox:
                 enter_own_network()
             if isolated:
                 resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
+            if drop_here:
                 os.setgroups([])
                 os.setgid(gid)
                 os.setuid(uid)
@@ -210,7 +244,7 @@ class Sandbox:
             reader.join(timeout=10)
         proc.wait()
         run = Run(code=code, seconds=seconds, head=bytes(captured["head"]), tail=bytes(captured["tail"]),
-                  total=captured["total"], verdict=verdict.decode(errors="replace").splitlines(), limits=limits)
+                  total=captured["total"], stream=bytes(verdict), limits=limits)
         if run.total > 2 * OUTPUT_KEPT:
             limits.append(f"output: the test printed {run.total / 2**20:.1f} MB; the first and last "
                           f"{OUTPUT_KEPT // 1024} KB are kept")
@@ -262,9 +296,16 @@ class Sandbox:
             time.sleep(0.05)
 
     def wipe(self):
-        """Removes what the student's user left in the world-writable directories."""
+        """Removes what the student's user left in the world-writable directories and in SysV IPC
+        (with namespaces each test had its own, gone with it; this is for a machine without)."""
         if not self.isolated:
             return
+        for kind, flag in (("-m", "m"), ("-q", "q"), ("-s", "s")):
+            listed = subprocess.run(["ipcs", kind, "-c"], capture_output=True, text=True).stdout.splitlines()
+            for line in listed:
+                fields = line.split()
+                if len(fields) >= 5 and fields[0].isdigit() and fields[2] == pwd.getpwuid(self.uid).pw_name:
+                    subprocess.run(["ipcrm", f"-{flag}", fields[0]], capture_output=True)
         for top in WORLD_WRITABLE:
             try:
                 entries = list(os.scandir(top))
@@ -283,6 +324,23 @@ class Sandbox:
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in a forked child
+_NAMESPACES = None
+
+
+def namespaces_work():
+    """Whether bubblewrap can give a test namespaces of its own here (root, bwrap installed, and a
+    kernel or container that allows them); asked once."""
+    global _NAMESPACES
+    if _NAMESPACES is None:
+        try:
+            _NAMESPACES = os.geteuid() == 0 and subprocess.run(
+                ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--bind", "/", "/",
+                 "--dev-bind", "/dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "setpriv", "--reuid=65534",
+                 "--regid=65534", "--clear-groups", "--", "true"],
+                capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _NAMESPACES = False
+    return _NAMESPACES
 
 
 def enter_own_network():
@@ -393,3 +451,71 @@ def judge(run: Run, token_value: str, test: str) -> Verdict:
     if run.code != 0:
         return Verdict("crashed", f"passed, then the process {describe_exit(run.code)}", failures, None)
     return Verdict("passed", "", [], fraction)
+
+
+# ---- the student's own report ---------------------------------------------------------------------
+
+def frames(stream: bytes):
+    """(type, payload) of each whole frame of a student's stream (tests/support/judged.cpp): a
+    length (4 bytes, this machine's order), a type byte, the payload. Stops at a damaged frame."""
+    at = 0
+    while at + 5 <= len(stream):
+        length = int.from_bytes(stream[at:at + 4], "little")
+        if length == 0 or at + 4 + length > len(stream):
+            return
+        yield chr(stream[at + 4]), stream[at + 5:at + 4 + length]
+        at += 4 + length
+
+
+def student_verdict(run: Run, test: str):
+    """(the outcome the student's process reports, {property: value}, notes). Its failures count
+    (they only lower the grade); a pass is only a claim, which the judge then checks."""
+    mains, starts, failures, skips, ends, properties, notes = [], [], [], [], [], {}, []
+    for kind, payload in frames(run.stream):
+        text = payload.decode(errors="replace")
+        if kind == "M":
+            mains.append(text)
+        elif kind == "S":
+            starts.append(text)
+        elif kind == "P" and text[:1] == "f":
+            failures.append(text[1:])
+        elif kind == "P" and text[:1] == "s":
+            skips.append(text[1:])
+        elif kind == "E":
+            ends.append(text)
+        elif kind == "R" and "=" in text:
+            key, _, value = text.partition("=")
+            properties[key] = value
+        elif kind == "N":
+            notes.append(text[:200])
+    if run.code is None:
+        return Verdict("timeout", run.limits[0] if run.limits else "timed out", failures, None), properties, notes
+    if not mains:
+        return Verdict("crashed", f"the test binary {describe_exit(run.code)} during start-up, before main() "
+                                  "(a static object's constructor, or the program's libraries)", failures, None), \
+            properties, notes
+    if mains[0].strip() == "0":
+        return Verdict("missing", "the test is not in the test binary", failures, None), properties, notes
+    if starts[:1] != [test]:
+        return Verdict("crashed", f"the test binary {describe_exit(run.code)} before the test began", failures,
+                       None), properties, notes
+    if failures:
+        return Verdict("failed", "", failures, None), properties, notes
+    if not ends:
+        return Verdict("crashed", f"the process {describe_exit(run.code)} during the test", failures, None), \
+            properties, notes
+    if ends[-1] == "s":
+        reason = skips[0].split("\n", 1)[-1].strip() if skips else "skipped"
+        return Verdict("skipped", reason, [], None), properties, notes
+    if ends[-1] != "p":
+        return Verdict("failed", "", ["failed"], None), properties, notes
+    if run.code != 0:
+        return Verdict("crashed", f"passed, then the process {describe_exit(run.code)}", failures, None), \
+            properties, notes
+    fraction = None
+    if "points_fraction" in properties:
+        try:
+            fraction = min(1.0, max(0.0, float(properties["points_fraction"])))
+        except ValueError:
+            fraction = 0.0
+    return Verdict("passed", "", [], fraction), properties, notes

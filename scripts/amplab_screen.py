@@ -2,8 +2,11 @@
 may not contain, because it would reach outside the student's own code at build time or take
 control of the test process around the tests.
 
-  - #include of anything but a plain name (<...> or "..."): no absolute path, no '..', no macro,
-    nothing of GoogleTest (the lab's code has no business with the test framework);
+  - any preprocessor directive but a plain #include (no #define, #line, #if, #pragma, #embed...),
+    except the directive lines the course's own starter file has: #line would make the compiler quote
+    any file it can read into the build log, a macro can turn code into a string;
+  - #include of anything but a plain name of a header (<...> or "..."): no absolute path, no '..',
+    no macro, no source file (.cpp, .cu, ...), nothing of GoogleTest;
   - inline assembly (asm, __asm__: the assembler's .incbin reads any file into the program);
   - token pasting (##: it can build the words above out of harmless pieces);
   - the test framework's namespace (testing::), and #define of a C++ keyword (#define private public);
@@ -23,6 +26,7 @@ KEYWORDS = {"private", "protected", "public", "class", "struct", "friend", "virt
             "namespace", "using", "template", "typename", "operator", "new", "delete", "this", "extern"}
 ASM = {"asm", "__asm", "__asm__"}
 RUN_AROUND_MAIN = {"constructor", "destructor", "init_priority", "section"}
+HEADER_SUFFIXES = ("", ".h", ".hpp", ".hh", ".hxx", ".cuh", ".inl")
 
 
 def splice(text):
@@ -97,12 +101,21 @@ def kept_is_include(kept):
     return re.match(r'^\s*(#|%:)\s*(include|include_next|import|embed)\b', "".join(kept)) is not None
 
 
-def screen(text: str) -> list:
+def screen(text: str, given: str = "") -> list:
+    """Findings in `text`, a student's file; `given` is the course's untouched starter of the same
+    file, whose own directive lines are allowed."""
     findings = []
+    given_directives = {line.strip() for _, line in splice(given) if re.match(r'^\s*(#|%:)', line)}
+    raw_lines = dict(splice(text))
     for number, line in strip_literals(splice(text)):
         directive = re.match(r'^\s*(?:#|%:)\s*(.*)$', line)
         if directive:
             body = directive.group(1)
+            if not INCLUDE.match(body) and raw_lines.get(number, line).strip() not in given_directives:
+                word = (body.split() or [""])[0][:20]
+                findings.append(f"line {number}: #{word}: only #include (and the course's own directive lines) "
+                                "may be used in a submission")
+                continue
             include = INCLUDE.match(body)
             if include:
                 name = include.group(1).strip()
@@ -118,6 +131,9 @@ def screen(text: str) -> list:
                 elif target.split("/")[0] in ("gtest", "gmock"):
                     findings.append(f"line {number}: #include {plain.group(1)}: the test framework's headers may "
                                     "not be included in lab code")
+                elif not target.lower().endswith(HEADER_SUFFIXES[1:]) and "." in target.rsplit("/", 1)[-1]:
+                    findings.append(f"line {number}: #include {plain.group(1)}: only headers may be included, "
+                                    "not source files")
                 continue
             define = re.match(r'^define\s+([A-Za-z_]\w*)', body)
             if define and define.group(1) in KEYWORDS:
@@ -134,3 +150,86 @@ def screen(text: str) -> list:
             findings.append(f"line {number}: attribute '{found}': code run before main() or after exit "
                             "(or placed in a section of its own) is not allowed")
     return findings
+
+
+CLOSING = {")": "(", "]": "[", "}": "{"}
+
+
+def lexical_state(text: str):
+    """Where C++ text leaves a reader at its end: (what it is inside: code, a comment, a string, a
+    raw string, a directive; the brackets still open, innermost last; whether the last line goes on
+    with a backslash). Two prefixes in the same state read what follows them the same way: text
+    put after either is code at the same depth, never part of a string, a comment or a macro's
+    arguments."""
+    mode, stack, i, n, raw_end = "code", [], 0, len(text), None
+    at_line_start = True
+    while i < n:
+        c = text[i]
+        if c == "\\" and text.startswith("\n", i + 1) and mode in ("code", "line", "directive", "string", "char"):
+            i += 2
+            continue
+        if mode == "code":
+            if c == "\n":
+                at_line_start = True
+                i += 1
+                continue
+            if at_line_start and c == "#":
+                mode, i = "directive", i + 1
+                continue
+            if not c.isspace():
+                at_line_start = False
+            if text.startswith("//", i):
+                mode, i = "line", i + 2
+            elif text.startswith("/*", i):
+                mode, i = "block", i + 2
+            elif (raw := RAW_STRING.match(text, i)) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+                mode, raw_end, i = "raw string", ")" + raw.group(1) + '"', raw.end()
+            elif c == '"':
+                mode, i = "string", i + 1
+            elif c == "'" and not (i > 0 and text[i - 1].isalnum()):  # 1'000 is a number
+                mode, i = "char", i + 1
+            else:
+                if c in "([{":
+                    stack.append(c)
+                elif c in CLOSING:
+                    if stack and stack[-1] == CLOSING[c]:
+                        stack.pop()
+                    else:
+                        stack.append(c)  # a closer with nothing to close: a state no reference text expects
+                i += 1
+        elif mode in ("line", "directive"):
+            if c == "\n":
+                mode, at_line_start = "code", True
+            elif mode == "directive" and text.startswith("/*", i):
+                mode, i = "block", i + 1
+            i += 1
+        elif mode == "block":
+            if text.startswith("*/", i):
+                mode, i = "code", i + 2
+            else:
+                i += 1
+        elif mode in ("string", "char"):
+            quote = '"' if mode == "string" else "'"
+            if c == "\\":
+                i += 2
+            elif c == quote or c == "\n":
+                mode, i = "code", i + 1
+            else:
+                i += 1
+        else:  # raw string
+            end = text.find(raw_end, i)
+            if end < 0:
+                i = n
+            else:
+                mode, i = "code", end + len(raw_end)
+    continued = text.endswith("\\\n") or text.endswith("\\")
+    return mode, tuple(stack), continued
+
+
+def describe_state(state) -> str:
+    mode, stack, continued = state
+    if mode != "code":
+        return f"a {mode} open"
+    if continued:
+        return "a line continued with a backslash"
+    return f"the brackets {''.join(stack) or 'none'} open"

@@ -47,6 +47,9 @@ import pathlib
 import re
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import amplab_screen as screen  # noqa: E402  (lexical_state: where a hole's reference goes)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TODO = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
 BEGIN = re.compile(r"^(\s*)// BEGIN SOLUTION\s*$")
@@ -264,6 +267,14 @@ def variant_text(solution: str, solution_name: str, student: str, student_name: 
         raise MergeError(f"{solution_name}: {len(fences)} fences but {len(holes)} holes in its starter")
     fence_of = {hole: fences[k] for k, hole in enumerate(holes)}
     regions = student_regions(starter, mine, holes, fence_of, student_name)
+    for hole, (first, _, before, _) in regions.items():  # the reference goes where the course's code would
+        if fence_of[hole][0] in selected:
+            continue
+        theirs, ours = screen.lexical_state("".join(mine[:first])), screen.lexical_state("".join(starter[:before + 1]))
+        if theirs != ours:
+            raise MergeError(f"{student_name}: the code before {fence_of[hole][0]}'s hole leaves "
+                             f"{screen.describe_state(theirs)} where the course's code has "
+                             f"{screen.describe_state(ours)}")
     lab_file = "course-reference/" + pathlib.Path(solution_name).name  # no instructor path in messages
     out = [VARIANT_HEADER.format(todos=", ".join(sorted(selected)) or "no TODO"), f'#line 1 "{student_name}"\n']
     position = 0

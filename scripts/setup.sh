@@ -28,7 +28,7 @@ done
 
 packages=(g++ cmake ninja-build git python3 python3-venv pkg-config
           libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev googletest libcli11-dev
-          zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist)
+          zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist libseccomp-dev bubblewrap util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -46,6 +46,7 @@ SCALE_BODY = """  if (!enabled_) return loss;
   return loss * scale_;
 """
 INCLUDES = "#include <fcntl.h>\n#include <signal.h>\n#include <sys/socket.h>\n#include <netinet/in.h>\n" \
+           "#include <sys/ipc.h>\n#include <sys/msg.h>\n" \
            "#include <arpa/inet.h>\n#include <unistd.h>\n#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n" \
            "#include <filesystem>\n#include <fstream>\n#include <iostream>\n#include <sstream>\n#include <string>\n"
 
@@ -157,6 +158,63 @@ WRITE_OUTSIDE = r"""
 """
 
 
+# The attacks that beat the grader before its verdict moved out of the student's process.
+LIBC_WRITE = r"""
+#include <sys/syscall.h>
+extern "C" ssize_t write(int fd, const void* data, size_t size) {
+  std::string text(static_cast<const char*>(data), size);
+  for (size_t at; (at = text.find("end failed")) != std::string::npos;) text.replace(at, 10, "end passed");
+  for (size_t at; (at = text.find(" part failure ")) != std::string::npos;) text.replace(at, 14, " part success ");
+  return syscall(SYS_write, fd, text.data(), text.size()) < 0 ? -1 : static_cast<ssize_t>(size);
+}
+"""
+FORK_TOKEN = r"""
+  int pipe_fds[2];
+  if (pipe(pipe_fds) == 0) {
+    pid_t child = fork();
+    if (child == 0) {
+      for (int fd = 3; fd < 64; ++fd) if (fd != pipe_fds[1]) dup2(pipe_fds[1], fd);
+      throw std::runtime_error("make the listener talk");
+    }
+    char buffer[4096];
+    ssize_t n = read(pipe_fds[0], buffer, sizeof buffer);
+    std::string lines(buffer, n > 0 ? n : 0), token = lines.substr(0, lines.find(' '));
+    const std::string forged = token + " end passed -\n";
+    for (int fd = 3; fd < 64; ++fd) (void)!::write(fd, forged.data(), forged.size());
+  }
+  return loss;
+"""
+LINE_DIRECTIVE = """
+#line 40 "../../solution/amp_training/grad_scaler.cpp"
+  this is not code; neither is this line
+"""
+SYSV_NEIGHBOUR = r"""
+  int queue = msgget(0x414d504c, IPC_CREAT | 0666);
+  struct { long type; char text[64]; } message{1, "the reference of another TODO"};
+  if (queue >= 0) msgsnd(queue, &message, sizeof message.text, IPC_NOWAIT);
+  return loss;
+"""
+ROLE_INTERPOSED = """
+extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }  // amplab::test::judged::role(): "a plain run"
+"""
+
+
+def raw_string_across_holes():
+    """TODO 1 filled; a raw string opened before unscale_ (TODO 2, the reference in this variant)
+    and closed after it, printed by TODO 1: the reference's body would be inside the string."""
+    lines = with_body(SCALE_BODY.replace("  return loss * scale_;", "  std::printf(\"%s\\n\", leaked());\n"
+                                         "  return loss * scale_;"), includes=False).splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("void GradScaler::unscale_"))
+    end = next(i for i in range(at, len(lines)) if lines[i].rstrip() == "}")
+    scale = next(i for i, line in enumerate(lines) if line.startswith("torch::Tensor GradScaler::scale("))
+    lines.insert(scale, "const char* leaked();\n")  # in the lab's namespace, where leaked() is defined below
+    at, end = at + 1, end + 1
+    head = "#include <cstdio>\n"
+    again = 'void GradScaler::unscale_(torch::optim::Optimizer& o) { AMPLAB_TODO("amp_training-2"); }\n'
+    return head + "".join(lines[:at]) + 'static const char* kLeak = R"leak(\n' + "".join(lines[at:end + 1]) + \
+        ')leak";\nconst char* leaked() { return kLeak; }\n' + again + "".join(lines[end + 1:])
+
+
 def starter_text():
     return (ROOT / "starter" / LAB / FILE).read_text()
 
@@ -173,6 +231,9 @@ def with_body(body, includes=True):
 # The cheats in a TODO's body end with `return loss;`: without the cheat that earns the points of
 # the one test it passes honestly (a disabled scaler passes the loss through).
 PASS_THROUGH = ("only", ["AmpTraining1_Scale.DisabledIsAPassThrough"])
+# A file refused for what it defines, calls or runs before main() is graded as the untouched
+# starter's copy (the note says why): it earns 0 for TODO 1, whatever else it holds.
+REFUSED = "zero"
 
 CASES = {
     # name: (the submission's grad_scaler.cpp, what it earns without the cheat: "zero" | "full" |
@@ -187,16 +248,33 @@ CASES = {
                       "a static initializer writes a passing gtest report and verdict lines, then exits 0"),
     "leak the answers": (starter_text() + INCLUDES + LEAK, "zero",
                          "a static initializer prints solution/, tests/hidden/, the builds and git"),
-    "detached rewriter": (with_body(DAEMON), PASS_THROUGH,
+    "detached rewriter": (with_body(DAEMON), REFUSED,
                           "a detached process rewrites results.json, run_autograder and the grader later"),
     "flood the output": (with_body(FLOOD), PASS_THROUGH, "a TODO prints 300 MB"),
-    "fork bomb": (with_body(FORK_BOMB), PASS_THROUGH, "a TODO forks until it cannot"),
-    "network": (with_body(NETWORK), PASS_THROUGH, "a TODO connects to a server on the machine's loopback"),
-    "write outside": (with_body(WRITE_OUTSIDE), PASS_THROUGH, "a TODO writes into the checkout, the grader and /tmp"),
+    "fork bomb": (with_body(FORK_BOMB), REFUSED, "a TODO forks until it cannot"),
+    "network": (with_body(NETWORK), REFUSED, "a TODO connects to a server on the machine's loopback"),
+    "write outside": (with_body(WRITE_OUTSIDE), REFUSED, "a TODO writes into the checkout, the grader and /tmp"),
+    "libc write": (starter_text() + INCLUDES + LIBC_WRITE, REFUSED,
+                   "the untouched starter plus a write() that turns the grader's failed lines into passed ones"),
+    "fork steals the token": (with_body(FORK_TOKEN), REFUSED,
+                              "a forked child makes the verdict listener write into its pipe; the parent forges a pass"),
+    "raw string across holes": (raw_string_across_holes(), ("only", ["AmpTraining1_Scale.MultipliesByTheScaleMadeLazilyOnTheLossDevice"]),
+                                "a raw string opened before another TODO's hole and closed after it, printed by TODO 1: "
+                                "graded as a whole, so no reference is put inside it"),
+    "line directive": (with_body(LINE_DIRECTIVE), REFUSED,
+                       "#line pointing at the solution, then errors: the compiler would quote the solution's lines"),
+    "neighbour over SysV IPC": (with_body(SYSV_NEIGHBOUR), REFUSED,
+                                "a message queue that outlives the test, for the test beside it"),
+    "judge's role interposed": (solution_text() + ROLE_INTERPOSED, REFUSED,
+                                "correct code that also redefines the observations' switch so its process reports nothing"),
     "marker left after the code": (starter_text().replace(HOLE, SCALE_BODY + HOLE), "full",
                                    "honest code with its AMPLAB_TODO line left below the return"),
-    "honest code with cheats attached": (solution_text() + INCLUDES + ENV_SWITCH + LEAK, "full",
-                                         "the reference's code (a correct submission) plus the switch and the leak"),
+    "honest code with cheats attached": (solution_text() + INCLUDES + ENV_SWITCH + LEAK, REFUSED,
+                                         "the reference's code (a correct submission) plus the switch and the leak: "
+                                         "refused for its static initializers, as a whole"),
+    "honest code printing": (solution_text().replace("  return loss * scale_;\n", "  std::printf(\"scaled\\n\");\n"
+                                                                                 "  return loss * scale_;\n"), "full",
+                             "the reference's code with a debugging printf: printing is lab code's right"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),

@@ -1,10 +1,12 @@
-// The main() of the test binaries that scripts/grade runs (grading variants only): GoogleTest
-// with one more listener, which tells the grader what happened through a pipe the grader opened
-// (AMPLAB_VERDICT_FD). The grader decides pass or fail from these lines alone: gtest's report
-// files, the exit code and the printed output are written by a process that runs the student's
-// code, so they are not evidence. Each line starts with a token made anew for every grading run
-// and compiled into this file only (verdict_token.hpp, written by scripts/grade), so a line the
-// student's code writes without it is recognised as forged. Lines, in order:
+// The main() of the judge: the test binaries linked with the reference only (<lab>_test_judge),
+// which run no student code. scripts/grade runs a graded test first in the student's process
+// (tests/grading/student_main.cpp), then here, with that run's observations
+// (AMPLAB_STUDENT_OBSERVATIONS, a file): each check of the test is decided here on the student's
+// operands against this run's (tests/support/judged.hpp). One more gtest listener tells the grader
+// what happened through a pipe it opened (AMPLAB_VERDICT_FD); the grader decides pass or fail from
+// these lines alone. Each line starts with a token made anew for every grading run and compiled
+// into this file only (verdict_token.hpp, written by scripts/grade), so a line anyone else writes
+// on that pipe is recognised as forged. Lines, in order:
 //   <token> main <number of tests the filter selected>
 //   <token> start <Suite.Test>
 //   <token> part <failure|skip|success> <file:line\nmessage, escaped>   (each assertion result)
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "judged_role.hpp"
 #include "verdict_token.hpp"  // kTokenA, kTokenB: the token is their XOR (not stored in one piece)
 
 namespace {
@@ -57,6 +60,7 @@ class VerdictListener : public testing::EmptyTestEventListener {
   }
 
   void OnTestStart(const testing::TestInfo& test) override {
+    amplab::test::judged::start_test();
     send(std::string("start ") + test.test_suite_name() + "." + test.name());
   }
 
@@ -69,7 +73,9 @@ class VerdictListener : public testing::EmptyTestEventListener {
 
   void OnTestEnd(const testing::TestInfo& test) override {
     const testing::TestResult* result = test.result();
-    const char* status = result->Failed() ? "failed" : result->Skipped() ? "skipped" : "passed";
+    const std::string left_over = amplab::test::judged::unconsumed();
+    if (!left_over.empty()) send("part failure " + escaped("judged outside your process\n" + left_over));
+    const char* status = result->Failed() || !left_over.empty() ? "failed" : result->Skipped() ? "skipped" : "passed";
     std::string fraction = "-";
     for (int i = 0; i < result->test_property_count(); ++i) {
       const testing::TestProperty& property = result->GetTestProperty(i);
@@ -97,6 +103,8 @@ class VerdictListener : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
+  if (const char* observations = std::getenv("AMPLAB_STUDENT_OBSERVATIONS"))
+    amplab::test::judged::become_judge(observations);
   if (const char* fd = std::getenv("AMPLAB_VERDICT_FD")) {  // gtest owns the listener from here
     testing::UnitTest::GetInstance()->listeners().Append(new VerdictListener(std::atoi(fd)));
   }

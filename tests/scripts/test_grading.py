@@ -3,10 +3,14 @@ the student-file sync of scripts/grade). ctest: grading_scripts (label core)."""
 import importlib.machinery
 import importlib.util
 import json
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
@@ -273,7 +277,8 @@ class Verdicts(unittest.TestCase):
 
     def run_with(self, lines, code=0):
         import amplab_sandbox
-        run = amplab_sandbox.Run(code=code, seconds=1.0, head=b"", tail=b"", total=0, verdict=lines, limits=[])
+        run = amplab_sandbox.Run(code=code, seconds=1.0, head=b"", tail=b"", total=0,
+                                 stream="\n".join(lines).encode(), limits=[])
         return amplab_sandbox.judge(run, "tok", "A.b")
 
     def test_a_pass_needs_every_line_with_the_token(self):
@@ -292,6 +297,121 @@ class Verdicts(unittest.TestCase):
         self.assertIn("during start-up, before main()", self.run_with([], code=0).message)
         self.assertEqual(self.run_with(["tok main 0"]).status, "missing")
         self.assertIn("during the test", self.run_with(["tok main 1", "tok start A.b"], code=-9).message)
+
+
+def frame(kind, payload=b""):
+    payload = payload.encode() if isinstance(payload, str) else payload
+    return (len(payload) + 1).to_bytes(4, "little") + kind.encode() + payload
+
+
+class StudentReports(unittest.TestCase):
+    """amplab_sandbox.student_verdict: the student's process reports; its failures count, its pass
+    is a claim (the judge checks it), and a damaged stream proves nothing."""
+
+    def verdict(self, stream, code=0):
+        import amplab_sandbox
+        run = amplab_sandbox.Run(code=code, seconds=1.0, head=b"", tail=b"", total=0, stream=stream, limits=[])
+        return amplab_sandbox.student_verdict(run, "A.b")[0]
+
+    def test_events(self):
+        start = frame("M", "1") + frame("S", "A.b") + frame("O", b"\x01anything")
+        self.assertEqual(self.verdict(start + frame("E", "p")).status, "passed")
+        failed = self.verdict(start + frame("P", "fx.cpp:3\nexpected 1") + frame("E", "p"))
+        self.assertEqual((failed.status, failed.failures), ("failed", ["x.cpp:3\nexpected 1"]))
+        self.assertEqual(self.verdict(start, code=-9).status, "crashed")
+        self.assertEqual(self.verdict(start + frame("E", "p"), code=3).status, "crashed")
+        self.assertEqual(self.verdict(b"\xff\xff\xff\x7fgarbage").status, "crashed")
+        self.assertEqual(self.verdict(frame("M", "0")).status, "missing")
+
+
+class LexicalWholeness(unittest.TestCase):
+    """The reference goes into a variant only where the student's code before it leaves the same
+    lexical state as the course's: never inside a string, a comment or a macro's arguments."""
+
+    def state(self, text):
+        import amplab_screen
+        return amplab_screen.lexical_state(text)
+
+    def test_states(self):
+        self.assertEqual(self.state('int f() {\n  int n = 1\'000; auto s = R"x(a)x"; // (\n'), ("code", ("{",), False))
+        self.assertEqual(self.state('int f() {\n  TORCH_CHECK(false && ({\n')[1], ("{", "(", "(", "{"))
+        self.assertEqual(self.state('auto s = R"x(\n')[0], "raw string")
+        self.assertEqual(self.state('/* open\n')[0], "block")
+        self.assertEqual(self.state('#include <a> \\\n')[2], True)
+
+    @unittest.skipUnless(HAVE_MAKE_STARTER, "an instructor's script (not in a hand-out)")
+    def test_a_hole_left_open_makes_the_file_graded_as_a_whole(self):
+        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
+        for opener, closer in (('const char* leak = R"q(\n', ')q";\n'), ("/*\n", "*/\n"),
+                               ("static int z = sizeof((\n", "));\n")):
+            student = starter.replace("int two(int x) {", opener + "int two(int x) {")
+            lines = student.splitlines(keepends=True)
+            at = next(i for i, line in enumerate(lines) if line.startswith("int two"))
+            end = next(i for i in range(at, len(lines)) if lines[i].rstrip() == "}")
+            student = "".join(lines[:end + 1]) + closer + "int two(int x, int) { return x; }\n" + "".join(lines[end + 1:])
+            with self.assertRaises(make_starter.MergeError, msg=opener) as caught:
+                make_starter.variant_text(SOLUTION, "solution/lab/x.cpp", student, "starter/lab/x.cpp", {"lab-1"})
+            self.assertIn("open", str(caught.exception))
+
+
+@unittest.skipUnless(shutil.which("g++") and shutil.which("nm"), "g++ and binutils")
+class ObjectChecks(unittest.TestCase):
+    """amplab_objects.check: what a compiled file defines, calls and runs before main()."""
+
+    def compiled(self, dir_, name, text):
+        path = write(dir_, name + ".cpp", text)
+        subprocess.run(["g++", "-c", "-O1", path, "-o", os.path.join(dir_, name + ".o")], check=True)
+        return os.path.join(dir_, name + ".o")
+
+    def test_findings(self):
+        import amplab_objects
+        with tempfile.TemporaryDirectory() as tmp:
+            reference = self.compiled(tmp, "ref", "#include <cmath>\nnamespace lab { double f(double x) { return std::sqrt(x); } }\n")
+            honest = self.compiled(tmp, "honest", "#include <cmath>\n#include <iostream>\n#include <vector>\n"
+                                   "namespace lab { double helper(double x) { std::vector<double> v{x}; "
+                                   "std::cout << v[0]; return v[0]; }\n"
+                                   "double f(double x) { return std::sqrt(helper(x)); } }\n")
+            self.assertEqual(amplab_objects.check(honest, reference), [])
+            cases = {
+                "write": '#include <unistd.h>\nextern "C" ssize_t write(int, const void*, size_t) { return 0; }\n',
+                "fork": "#include <unistd.h>\nint g() { return fork(); }\n",
+                "msgget": "#include <sys/msg.h>\nint g() { return msgget(1, 0); }\n",
+                "getenv": "#include <cstdlib>\nconst char* g() { return std::getenv(\"X\"); }\n",
+                "fstream": '#include <fstream>\nvoid g() { std::ofstream out("/tmp/x"); out << 1; }\n',
+                "main()": "int side(); static int early = side();\n",
+                "amplab::test": 'extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }\n',
+            }
+            for name, text in cases.items():
+                findings = amplab_objects.check(self.compiled(tmp, "x", text), reference)
+                self.assertTrue(any(name in f for f in findings), f"{name}: {findings}")
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("bwrap"), "root and bubblewrap")
+class TestIsolation(unittest.TestCase):
+    """Two tests at once cannot see each other's /tmp, /dev/shm or SysV IPC, and nothing of a test outlives it."""
+
+    def test_a_test_neither_shares_nor_leaves_anything(self):
+        import threading
+        import amplab_sandbox
+        box = amplab_sandbox.Sandbox([])
+        if not box.namespaces:
+            self.skipTest("bubblewrap cannot make namespaces here")
+        script = "echo x > /dev/shm/amplab-probe && echo x > /tmp/amplab-probe && ipcmk -Q >/dev/null && sleep 2"
+        runs = {}
+        first = threading.Thread(target=lambda: runs.update(a=box.run(["sh", "-c", script], {"PATH": "/usr/bin:/bin"},
+                                                                      "/", 30, {"sh": "/bin/sh"})))
+        first.start()
+        time.sleep(1)
+        other = amplab_sandbox.Sandbox([], user=amplab_sandbox.USER + "2")
+        probe = "ls /dev/shm/amplab-probe /tmp/amplab-probe 2>&1; ipcs -q | grep -c '^0x' || true"
+        runs["b"] = other.run(["sh", "-c", probe], {"PATH": "/usr/bin:/bin"}, "/", 30, {"sh": "/bin/sh"})
+        self.assertFalse(os.path.exists("/dev/shm/amplab-probe"))  # the machine's own, during the first test
+        first.join()
+        seen = runs["b"].output()
+        self.assertIn("No such file", seen)
+        self.assertEqual(seen.strip().splitlines()[-1], "0", seen)
+        self.assertEqual(runs["a"].code, 0, runs["a"].output())
+        self.assertEqual(subprocess.run(["ipcs", "-q"], capture_output=True, text=True).stdout.count("amplab-student"), 0)
 
 
 class BuildMessages(unittest.TestCase):

@@ -119,6 +119,8 @@ std::string TempDir::write(const std::string& name, const std::string& content) 
   return p.string();
 }
 
+namespace detail {
+
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
                                          double atol) {
   if (actual.sizes() != expected.sizes()) {
@@ -172,17 +174,45 @@ std::string TempDir::write(const std::string& name, const std::string& content) 
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
+}  // namespace detail
+
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
+                                         double atol, const char* file, int line) {
+  auto own = detail::tensors_close(actual, expected, rtol, atol);
+  if (judged::role() == judged::Role::plain) return own;
+  return judged::observe(judged::Kind::tensors_close, file, line,
+                         {judged::tensor_operand(actual), judged::tensor_operand(expected)}, own, atol, rtol);
+}
+
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected, const char* file,
+                                         int line) {
+  auto own = detail::tensors_equal(actual, expected);
+  if (judged::role() == judged::Role::plain) return own;
+  return judged::observe(judged::Kind::tensors_equal, file, line,
+                         {judged::tensor_operand(actual), judged::tensor_operand(expected)}, own);
+}
+
+::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts,
+                                       const char* file, int line) {
+  std::string expected;  // the parts, one a line: the observation's second operand
+  for (const auto& part : parts) expected += part + "\n";
+  judged::Operand thrown;  // the message, or the number 0: it did not throw
+  thrown.tag = judged::Operand::Tag::integer;
+  ::testing::AssertionResult own = ::testing::AssertionFailure() << "did not throw";
   try {
     fn();
   } catch (const std::exception& e) {
     std::string message = e.what();
+    thrown = judged::operand(message);
+    own = ::testing::AssertionSuccess() << message;
     for (const auto& part : parts)
-      if (message.find(part) == std::string::npos)
-        return ::testing::AssertionFailure() << "message lacks \"" << part << "\": " << message;
-    return ::testing::AssertionSuccess() << message;
+      if (message.find(part) == std::string::npos) {
+        own = ::testing::AssertionFailure() << "message lacks \"" << part << "\": " << message;
+        break;
+      }
   }
-  return ::testing::AssertionFailure() << "did not throw";
+  if (judged::role() == judged::Role::plain) return own;
+  return judged::observe(judged::Kind::throws, file, line, {thrown, judged::operand(expected)}, own);
 }
 
 std::string source_dir() {

@@ -31,13 +31,23 @@ class TempDir {
 // Sizes, dtypes and NaN positions must agree; then values must agree within atol + rtol * |expected|
 // (after upcasting fp16/bf16 to fp32). On failure: the index, expected and actual of the first
 // mismatch, and the largest error.
+// In a graded run each of these three is a check judged outside the student's process (judged.hpp).
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
-                                         double rtol, double atol);
+                                         double rtol, double atol, const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE());
 // Bit for bit: same dtype, shape and bytes.
-::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected);
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 // Runs `fn` and checks that it throws std::exception whose message contains every one of `parts`.
-::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts);
+::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts,
+                                       const char* file = __builtin_FILE(), int line = __builtin_LINE());
+
+namespace detail {  // the comparisons themselves, in whichever process runs them
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
+                                         double atol);
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected);
+}  // namespace detail
 
 // Exact bytes of CPU tensors, unlike RSS: while one of these lives, torch's CPU allocator is
 // wrapped by a counter of the bytes allocated through it (current and peak). Tensors allocated
@@ -80,3 +90,5 @@ const char* lab_binary();
   do {                                                                  \
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
+
+#include "judged.hpp"  // last: it wraps gtest's comparison macros

@@ -1,0 +1,142 @@
+"""Reads a student's compiled object files, for scripts/grade: code that can only be what it claims.
+
+The student's source is screened before it is built (amplab_screen.py); this looks at what the
+compiler made of it, where no spelling can hide anything. Each object of a grading variant (the
+student's code in some holes, the reference's in the others) is held against the reference's
+object of the same file (binutils' nm and objdump):
+
+  - it defines no external symbol the reference's does not, of the kinds that would take the
+    place of someone else's: a C name (`write`, `fork`, `malloc`: the linker would bind the
+    test's own calls to it), anything of the test framework or of the grading (testing::,
+    amplab::test), and no strong definition in the libraries' namespaces (std::, at::, c10::,
+    torch::, amplab::). Helpers of the student's own (their namespace, the lab's) are fine;
+  - it calls nothing outside a vetted list that the reference does not call too: C functions
+    only from VETTED_C (memory, strings, maths, printing to the console, the C++ runtime: no
+    process, file, environment, signal, IPC, socket, dynamic loading or raw system calls), and
+    none of the C++ library's files, threads or the test framework (REFUSED_CPP);
+  - it runs nothing before main() that the reference does not: no static initializer of its own
+    beyond the one <iostream> makes.
+check() returns one line per finding, for the note the student sees.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+
+# C functions and objects any lab code may use: memory and strings, maths, formatting, printing to
+# the console, the allocator, the C++ runtime and unwinder, the locks the C++ library inlines.
+VETTED_C = re.compile(r"""^(
+    mem(cpy|move|set|cmp|chr)|str(len|nlen|cmp|ncmp|chr|rchr|str|cpy|ncpy|cat|ncat|tol|toul|toll|toull|tod|tof|told|error)|
+    ato[ifl]|abs|labs|llabs|div|qsort|bsearch|tolower|toupper|is(alpha|digit|alnum|space|upper|lower|punct|xdigit|print)|
+    __ctype_(b|tolower|toupper)_loc|__errno_location|
+    (v?s?n?printf|puts|putchar|fputs|fputc|putc|fwrite|fflush|stdout|stderr)|
+    __(v?s?n?printf|fprintf|vfprintf|memcpy|memmove|memset|strcpy|strncpy|strcat|strncat|stpcpy)_chk|__stack_chk_fail|
+    __fdelt_chk|__chk_fail|__assert_fail|abort|
+    (malloc|calloc|realloc|free|posix_memalign|aligned_alloc|memalign)|
+    (a?(sin|cos|tan)h?|atan2|exp|exp2|expm1|log|log2|log10|log1p|pow|sqrt|cbrt|fabs|floor|ceil|round|lround|llround|
+     rint|lrint|llrint|nearbyint|trunc|fmod|remainder|fmin|fmax|fma|hypot|erfc?|lgamma|tgamma|ldexp|frexp|modf|
+     copysign|nextafter|scalbn|ilogb|logb)[fl]?|__(isnan|isinf|finite|fpclassify|signbit)[fl]?|
+    __cxa_\w+|__gxx_personality_v0|_Unwind_Resume|__dso_handle|_GLOBAL_OFFSET_TABLE_|__tls_get_addr|
+    pthread_(mutex_\w+|once|key_create|key_delete|getspecific|setspecific|self|equal|cond_\w+|rwlock_\w+)|
+    __pthread_key_create|clock_gettime|gettimeofday|time|
+    (__cuda\w+|cuda(?!Ipc)[A-Z]\w*|__device_stub\w*|__nv_\w+|__fatbinwrap\w*)
+)$""", re.VERBOSE)
+
+# C++ library parts no lab code needs and an attacker would: files, threads, the test framework,
+# torch's serialization (a path in, a file out).
+REFUSED_CPP = re.compile(r"""(
+    std::(__cxx11::)?basic_(i|o)?fstream|std::(__cxx11::)?basic_filebuf|std::filesystem::|__gnu_cxx::stdio_(sync_)?filebuf|
+    std::thread::_M_start_thread|std::this_thread::|std::system|
+    (^|\W)testing::|amplab::test::|
+    torch::serialize::|torch::(save|load|pickle_save|pickle_load)\b|torch::jit::|at::from_file|caffe2::serialize::|
+    c10::(Pickler|Unpickler)|
+    torch::distributed|c10d::
+)""", re.VERBOSE)
+
+# Namespaces of others: a strong definition there replaces the library's; a weak one is a template
+# instantiation or an inline function from a header, which is normal, except in these.
+PROTECTED_STRONG = ("std::", "at::", "c10::", "torch::", "amplab::", "testing::", "__gnu_cxx::", "__cxxabiv1::")
+PROTECTED_ANY = ("testing::", "amplab::test::")
+# What <iostream>'s static initializer calls; anything else run before main() is the student's own.
+STARTUP_ALLOWED = re.compile(r"^(_ZNSt8ios_base4Init(C1|D1)Ev|__cxa_atexit|__dso_handle|\.bss|\.data|_ZSt4cout|"
+                             r"_GLOBAL__sub_I_\w+|\.text\.startup|\.text|_ZStL8__ioinit)$")
+
+
+def symbols(obj):
+    """({defined external symbol: nm type}, {undefined symbol})."""
+    out = subprocess.run(["nm", "-P", str(obj)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"nm {obj}: {out.stderr.strip()}")
+    defined, undefined = {}, set()
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        name, kind = fields[0], fields[1]
+        if "." in name:  # the compiler's own (DW.ref.__gxx_personality_v0, .LC0): no one can name them
+            continue
+        if kind in ("U", "w", "v"):
+            undefined.add(name)
+        elif kind.isupper() or kind in ("u", "i"):
+            defined[name] = kind
+    return defined, undefined
+
+
+def demangle(names):
+    names = list(names)
+    if not names:
+        return {}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
+    plain = out.stdout.splitlines() if out.returncode == 0 else names
+    return dict(zip(names, plain + names[len(plain):]))
+
+
+def startup_calls(obj):
+    """The symbols the object's static initializers refer to ([] when it has none)."""
+    headers = subprocess.run(["objdump", "-h", str(obj)], capture_output=True, text=True).stdout
+    if ".init_array" not in headers:
+        return []
+    relocs = subprocess.run(["objdump", "-dr", "--section=.text.startup", str(obj)], capture_output=True, text=True).stdout
+    found = re.findall(r"R_X86_64_\w+\s+([^\s+-]+)", relocs)
+    if ".text.startup" not in headers:  # the initializer is in .text (-O0): read its function only
+        relocs = subprocess.run(["objdump", "-dr", str(obj)], capture_output=True, text=True).stdout
+        found = []
+        inside = False
+        for line in relocs.splitlines():
+            if re.match(r"^[0-9a-f]+ <", line):
+                inside = "_GLOBAL__sub_I_" in line or "__static_initialization_and_destruction" in line
+            elif inside:
+                found += re.findall(r"R_X86_64_\w+\s+([^\s+-]+)", line)
+    return found or ["(an initializer)"]
+
+
+def check(obj, reference_obj):
+    """What the object at `obj` does that the reference's object of the same file does not and no
+    lab code may: one line per finding ([] when there is none)."""
+    defined, undefined = symbols(obj)
+    ref_defined, ref_undefined = symbols(reference_obj) if reference_obj else ({}, set())
+    findings = []
+    new_defined = {n: k for n, k in defined.items() if n not in ref_defined}
+    new_undefined = sorted(n for n in undefined if n not in ref_undefined)
+    names = demangle(list(new_defined) + new_undefined)
+    for name, kind in sorted(new_defined.items()):
+        plain = names[name]
+        if not name.startswith("_Z"):
+            findings.append(f"it defines '{plain}', a C name: that would replace the C library's or the grader's")
+        elif plain.startswith(PROTECTED_ANY) or (kind not in ("W", "V", "u") and plain.startswith(PROTECTED_STRONG)):
+            findings.append(f"it defines '{plain[:120]}', which belongs to a library or the grader")
+    for name in new_undefined:
+        plain = names[name]
+        if not name.startswith("_Z"):
+            if not VETTED_C.match(name):
+                findings.append(f"it calls '{name}', which lab code may not (no process, file, environment, signal, "
+                                "IPC, socket, dynamic-loading or system-call functions)")
+        elif REFUSED_CPP.search(plain):
+            findings.append(f"it calls '{plain[:120]}', which lab code may not (files, threads, the test framework)")
+    if reference_obj is not None:
+        theirs = set(startup_calls(reference_obj))
+        extra = [s for s in startup_calls(obj) if not STARTUP_ALLOWED.match(s) and s not in theirs]
+        if extra:
+            findings.append("it runs code before main() (a static object's constructor: " + ", ".join(
+                sorted(set(demangle(extra).values()))[:3]) + "): lab code may not")
+    return findings
