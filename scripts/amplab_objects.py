@@ -38,7 +38,7 @@ VETTED_C = re.compile(r"""^(
      copysign|nextafter|scalbn|ilogb|logb)[fl]?|__(isnan|isinf|finite|fpclassify|signbit)[fl]?|
     __cxa_\w+|__gxx_personality_v0|_Unwind_Resume|__dso_handle|_GLOBAL_OFFSET_TABLE_|__tls_get_addr|
     pthread_(mutex_\w+|once|key_create|key_delete|getspecific|setspecific|self|equal|cond_\w+|rwlock_\w+)|
-    __pthread_key_create|clock_gettime|gettimeofday|time|
+    __pthread_key_create|__libc_single_threaded|clock_gettime|gettimeofday|time|
     (__cuda\w+|cuda(?!Ipc)[A-Z]\w*|__device_stub\w*|__nv_\w+|__fatbinwrap\w*)
 )$""", re.VERBOSE)
 
@@ -58,8 +58,8 @@ REFUSED_CPP = re.compile(r"""(
 PROTECTED_STRONG = ("std::", "at::", "c10::", "torch::", "amplab::", "testing::", "__gnu_cxx::", "__cxxabiv1::")
 PROTECTED_ANY = ("testing::", "amplab::test::")
 # What <iostream>'s static initializer calls; anything else run before main() is the student's own.
-STARTUP_ALLOWED = re.compile(r"^(_ZNSt8ios_base4Init(C1|D1)Ev|__cxa_atexit|__dso_handle|\.bss|\.data|_ZSt4cout|"
-                             r"_GLOBAL__sub_I_\w+|\.text\.startup|\.text|_ZStL8__ioinit)$")
+STARTUP_ALLOWED = re.compile(r"^(_ZNSt8ios_base4Init(C1|D1)Ev|__cxa_atexit|__dso_handle|_ZSt4cout|_ZStL8__ioinit|"
+                             r"_GLOBAL__sub_I_\w+|_Z41__static_initialization_and_destruction_0ii)$")
 
 
 def symbols(obj):
@@ -91,23 +91,31 @@ def demangle(names):
     return dict(zip(names, plain + names[len(plain):]))
 
 
+# Names a CUDA object's own start-up (the fat binary's registration, made by nvcc) refers to.
+CUDA_REGISTRATION = re.compile(r"^(_ZL\d+)?__(sti____cudaRegisterAll|cudaRegister\w*|cudaUnregister\w*|nv_\w+|"
+                               r"fatbinwrap\w*|device_stub\w*)|^_ZL\d+__nv_cudaEntityRegisterCallback")
+
+
 def startup_calls(obj):
-    """The symbols the object's static initializers refer to ([] when it has none)."""
+    """The symbols the object's static initializers refer to or call ([] when it has none): its
+    relocations, and the local functions it calls, which need none."""
     headers = subprocess.run(["objdump", "-h", str(obj)], capture_output=True, text=True).stdout
     if ".init_array" not in headers:
         return []
-    relocs = subprocess.run(["objdump", "-dr", "--section=.text.startup", str(obj)], capture_output=True, text=True).stdout
-    found = re.findall(r"R_X86_64_\w+\s+([^\s+-]+)", relocs)
-    if ".text.startup" not in headers:  # the initializer is in .text (-O0): read its function only
-        relocs = subprocess.run(["objdump", "-dr", str(obj)], capture_output=True, text=True).stdout
-        found = []
-        inside = False
-        for line in relocs.splitlines():
-            if re.match(r"^[0-9a-f]+ <", line):
-                inside = "_GLOBAL__sub_I_" in line or "__static_initialization_and_destruction" in line
-            elif inside:
-                found += re.findall(r"R_X86_64_\w+\s+([^\s+-]+)", line)
-    return found or ["(an initializer)"]
+    listing = subprocess.run(["objdump", "-dr", str(obj)], capture_output=True, text=True).stdout
+    found, inside = [], False
+    for line in listing.splitlines():
+        function = re.match(r"^[0-9a-f]+ <([^>]+)>:", line)
+        if function:
+            name = function.group(1)
+            inside = name.startswith(("_GLOBAL__sub_I_", "_Z41__static_initialization_and_destruction")) or \
+                "__static_initialization_and_destruction" in name
+            continue
+        if inside:
+            found += re.findall(r"R_X86_64_\w+\s+([^\s+-]+)", line)
+            found += re.findall(r"\bcall\w*\s+[0-9a-f]+\s+<([^>+]+)", line)
+    names = [n for n in found if not n.startswith(".") and not CUDA_REGISTRATION.match(n)]
+    return names if found else ["(an initializer)"]
 
 
 def check(obj, reference_obj):

@@ -8,9 +8,9 @@ does CI):
   - write anything the grader reads: the checkout, run_autograder and the results are not its;
     its only writable places are a private home and its own /tmp;
   - reach another test: where the kernel lets bubblewrap make namespaces, each test runs in its own
-    IPC, PID, network (loopback only) and mount namespaces, with a fresh /tmp, /var/tmp, /dev/shm
-    and /run/lock, so nothing a test leaves in them or in SysV IPC outlives it or reaches the test
-    beside it; where it cannot, tests run one at a time and what the user left is removed after each;
+    IPC, PID, network (loopback only) and mount namespaces, with a fresh /dev/shm and /run/lock and
+    /tmp and /var/tmp read-only (its own folder, $TMPDIR, is where it writes), so nothing a test
+    leaves there or in SysV IPC outlives it or reaches the test beside it; where it cannot, tests run one at a time and what the user left is removed after each;
   - outlive its test: every process of that user is killed after each test, before the next
     one and before results.json is written;
   - exhaust the machine: per test a time limit, an address-space limit (CPU tests), a limit on
@@ -49,7 +49,8 @@ VERDICT_KEPT = 256 * 1024 * 1024  # bytes read at most from the pipe (a student'
 PROCESSES = 1024                  # processes and threads of the student's user at once
 FILE_BYTES = 1 << 30              # the largest file a test may write
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # a fresh one of each per test, with namespaces
+PRIVATE_DIRS = ("/dev/shm", "/run/lock")  # a fresh one of each per test, with namespaces
+READ_ONLY_DIRS = ("/tmp", "/var/tmp")     # read-only then; the test writes in its own folder ($TMPDIR)
 
 
 @dataclasses.dataclass
@@ -167,6 +168,9 @@ class Sandbox:
             return argv
         box = ["bwrap", "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
                "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+        for shared in READ_ONLY_DIRS:  # what the machine keeps there (libraries, builds) stays readable
+            if os.path.isdir(shared):
+                box += ["--ro-bind", shared, shared]
         for private in PRIVATE_DIRS:
             if os.path.isdir(private):
                 box += ["--perms", "1777", "--tmpfs", private]

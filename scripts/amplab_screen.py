@@ -2,8 +2,8 @@
 may not contain, because it would reach outside the student's own code at build time or take
 control of the test process around the tests.
 
-  - any preprocessor directive but a plain #include (no #define, #line, #if, #pragma, #embed...),
-    except the directive lines the course's own starter file has: #line would make the compiler quote
+  - any preprocessor directive but a plain #include and a loop-unrolling #pragma (no #define,
+    #line, #if, other #pragmas, #embed...), except the directive lines the course's own starter file has: #line would make the compiler quote
     any file it can read into the build log, a macro can turn code into a string;
   - #include of anything but a plain name of a header (<...> or "..."): no absolute path, no '..',
     no macro, no source file (.cpp, .cu, ...), nothing of GoogleTest;
@@ -27,6 +27,7 @@ KEYWORDS = {"private", "protected", "public", "class", "struct", "friend", "virt
 ASM = {"asm", "__asm", "__asm__"}
 RUN_AROUND_MAIN = {"constructor", "destructor", "init_priority", "section"}
 HEADER_SUFFIXES = ("", ".h", ".hpp", ".hh", ".hxx", ".cuh", ".inl")
+UNROLL = re.compile(r"^pragma\s+(unroll(\s+\w+)?|GCC\s+unroll\s+\w+|nounroll)\s*$")  # a loop hint, nothing more
 
 
 def splice(text):
@@ -111,7 +112,8 @@ def screen(text: str, given: str = "") -> list:
         directive = re.match(r'^\s*(?:#|%:)\s*(.*)$', line)
         if directive:
             body = directive.group(1)
-            if not INCLUDE.match(body) and raw_lines.get(number, line).strip() not in given_directives:
+            if not INCLUDE.match(body) and not UNROLL.match(body) and \
+                    raw_lines.get(number, line).strip() not in given_directives:
                 word = (body.split() or [""])[0][:20]
                 findings.append(f"line {number}: #{word}: only #include (and the course's own directive lines) "
                                 "may be used in a submission")

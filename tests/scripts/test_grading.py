@@ -379,6 +379,8 @@ class ObjectChecks(unittest.TestCase):
                 "getenv": "#include <cstdlib>\nconst char* g() { return std::getenv(\"X\"); }\n",
                 "fstream": '#include <fstream>\nvoid g() { std::ofstream out("/tmp/x"); out << 1; }\n',
                 "main()": "int side(); static int early = side();\n",
+                "before main()": "#include <cstdio>\n[[gnu::noinline]] static int side() { std::puts(\"x\"); return 1; }\n"
+                                 "static int early = side();\n",
                 "amplab::test": 'extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }\n',
             }
             for name, text in cases.items():
@@ -388,7 +390,8 @@ class ObjectChecks(unittest.TestCase):
 
 @unittest.skipUnless(os.geteuid() == 0 and shutil.which("bwrap"), "root and bubblewrap")
 class TestIsolation(unittest.TestCase):
-    """Two tests at once cannot see each other's /tmp, /dev/shm or SysV IPC, and nothing of a test outlives it."""
+    """Two tests at once cannot see each other's /dev/shm or SysV IPC, nor write to /tmp, and nothing of a
+    test outlives it."""
 
     def test_a_test_neither_shares_nor_leaves_anything(self):
         import threading
@@ -396,7 +399,7 @@ class TestIsolation(unittest.TestCase):
         box = amplab_sandbox.Sandbox([])
         if not box.namespaces:
             self.skipTest("bubblewrap cannot make namespaces here")
-        script = "echo x > /dev/shm/amplab-probe && echo x > /tmp/amplab-probe && ipcmk -Q >/dev/null && sleep 2"
+        script = "echo x > /dev/shm/amplab-probe && ! (echo x > /tmp/amplab-probe) && ipcmk -Q >/dev/null && sleep 2"
         runs = {}
         first = threading.Thread(target=lambda: runs.update(a=box.run(["sh", "-c", script], {"PATH": "/usr/bin:/bin"},
                                                                       "/", 30, {"sh": "/bin/sh"})))
