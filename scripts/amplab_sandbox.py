@@ -494,6 +494,9 @@ def student_verdict(run: Run, test: str):
             notes.append(text[:200])
     if run.code is None:
         return Verdict("timeout", run.limits[0] if run.limits else "timed out", failures, None), properties, notes
+    if len(run.stream) >= VERDICT_KEPT:
+        return Verdict("failed", f"the test's observations passed the grader's limit of {VERDICT_KEPT >> 20} MB "
+                                 "(its checks compare that much data): not graded", failures, None), properties, notes
     if not mains:
         return Verdict("crashed", f"the test binary {describe_exit(run.code)} during start-up, before main() "
                                   "(a static object's constructor, or the program's libraries)", failures, None), \
