@@ -7,9 +7,10 @@ object of the same file (binutils' nm and objdump):
 
   - it defines no external symbol the reference's does not, of the kinds that would take the
     place of someone else's: a C name (`write`, `fork`, `malloc`: the linker would bind the
-    test's own calls to it), anything of the test framework or of the grading (testing::,
-    amplab::test), and no strong definition in the libraries' namespaces (std::, at::, c10::,
-    torch::, amplab::). Helpers of the student's own (their namespace, the lab's) are fine;
+    test's own calls to it), anything that names the test framework or the grading (testing::,
+    amplab::test, a std::vector of the grader's types), the global operator new and delete, and
+    no strong definition in the libraries' namespaces (std::, at::, c10::, torch::, amplab::).
+    Helpers of the student's own (their namespace, the lab's) are fine;
   - it calls nothing outside a vetted list that the reference does not call too: C functions
     only from VETTED_C (memory, strings, maths, printing to the console, the C++ runtime: no
     process, file, environment, signal, IPC, socket, dynamic loading or raw system calls), and
@@ -57,6 +58,9 @@ REFUSED_CPP = re.compile(r"""(
 # instantiation or an inline function from a header, which is normal, except in these.
 PROTECTED_STRONG = ("std::", "at::", "c10::", "torch::", "amplab::", "testing::", "__gnu_cxx::", "__cxxabiv1::")
 PROTECTED_ANY = ("testing::", "amplab::test::")
+# The replaceable global allocation functions (operator new/delete and their array, aligned and
+# nothrow forms): hooks into every allocation of the program.
+REPLACEABLE = re.compile(r"^_Z(nw|na|dl|da)")
 # What <iostream>'s static initializer calls; anything else run before main() is the student's own.
 STARTUP_ALLOWED = re.compile(r"^(_ZNSt8ios_base4Init(C1|D1)Ev|__cxa_atexit|__dso_handle|_ZSt4cout|_ZStL8__ioinit|"
                              r"_GLOBAL__sub_I_\w+|_Z41__static_initialization_and_destruction_0ii)$")
@@ -131,8 +135,12 @@ def check(obj, reference_obj):
         plain = names[name]
         if not name.startswith("_Z"):
             findings.append(f"it defines '{plain}', a C name: that would replace the C library's or the grader's")
-        elif plain.startswith(PROTECTED_ANY) or (kind not in ("W", "V", "u") and plain.startswith(PROTECTED_STRONG)):
+        elif any(p in plain for p in PROTECTED_ANY) or (kind not in ("W", "V", "u") and plain.startswith(PROTECTED_STRONG)):
+            # (a library template specialized over the grader's types belongs to the grader too)
             findings.append(f"it defines '{plain[:120]}', which belongs to a library or the grader")
+        elif REPLACEABLE.match(name):
+            findings.append(f"it defines '{plain}': it would replace the program's allocator, which runs "
+                            "inside every check")
     for name in new_undefined:
         plain = names[name]
         if not name.startswith("_Z"):

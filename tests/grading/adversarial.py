@@ -194,6 +194,15 @@ SYSV_NEIGHBOUR = r"""
   if (queue >= 0) msgsnd(queue, &message, sizeof message.text, IPC_NOWAIT);
   return loss;
 """
+ALLOCATOR = """
+#include <new>
+void* operator new(std::size_t size) {  // a hook that runs inside every check of the test
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+"""
 ROLE_INTERPOSED = """
 extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }  // amplab::test::judged::role(): "a plain run"
 """
@@ -265,6 +274,9 @@ CASES = {
                        "#line pointing at the solution, then errors: the compiler would quote the solution's lines"),
     "neighbour over SysV IPC": (with_body(SYSV_NEIGHBOUR), REFUSED,
                                 "a message queue that outlives the test, for the test beside it"),
+    "honest code with the allocator replaced": (solution_text() + INCLUDES + ALLOCATOR, REFUSED,
+                                                "correct code plus a global operator new: a hook into every "
+                                                "allocation of the test, where the expected values are"),
     "judge's role interposed": (solution_text() + ROLE_INTERPOSED, REFUSED,
                                 "correct code that also redefines the observations' switch so its process reports nothing"),
     "marker left after the code": (starter_text().replace(HOLE, SCALE_BODY + HOLE), "full",

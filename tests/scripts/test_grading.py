@@ -382,6 +382,12 @@ class ObjectChecks(unittest.TestCase):
                 "before main()": "#include <cstdio>\n[[gnu::noinline]] static int side() { std::puts(\"x\"); return 1; }\n"
                                  "static int early = side();\n",
                 "amplab::test": 'extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }\n',
+                "operator new": "#include <cstdlib>\n#include <new>\n"
+                                "void* operator new(std::size_t n) { return std::malloc(n ? n : 1); }\n",
+                "std::vector<amplab::test": "#include <vector>\nnamespace amplab::test::judged { struct Operand { int v; }; }\n"
+                                            "using O = amplab::test::judged::Operand;\n"
+                                            "template <> void std::vector<O>::push_back(const O& o) { (void)o; }\n"
+                                            "void use(std::vector<O>& v) { v.push_back(O{1}); }\n",
             }
             for name, text in cases.items():
                 findings = amplab_objects.check(self.compiled(tmp, "x", text), reference)
