@@ -37,7 +37,8 @@ VETTED_C = re.compile(r"""^(
     (a?(sin|cos|tan)h?|atan2|exp|exp2|expm1|log|log2|log10|log1p|pow|sqrt|cbrt|fabs|floor|ceil|round|lround|llround|
      rint|lrint|llrint|nearbyint|trunc|fmod|remainder|fmin|fmax|fma|hypot|erfc?|lgamma|tgamma|ldexp|frexp|modf|
      copysign|nextafter|scalbn|ilogb|logb)[fl]?|__(isnan|isinf|finite|fpclassify|signbit)[fl]?|
-    __cxa_\w+|__gxx_personality_v0|_Unwind_Resume|__dso_handle|_GLOBAL_OFFSET_TABLE_|__tls_get_addr|
+    __cxa_\w+|__gxx_personality_v0|_Unwind_\w+|__dynamic_cast|__dso_handle|_GLOBAL_OFFSET_TABLE_|__tls_get_addr|
+    __stack_chk_guard|__(u?div|u?mod|mul|neg|ashl|ashr|lshr|u?cmp|popcount|clz|ctz|bswap|float|fix|extend|trunc|pow)\w*|
     pthread_(mutex_\w+|once|key_create|key_delete|getspecific|setspecific|self|equal|cond_\w+|rwlock_\w+)|
     __pthread_key_create|__libc_single_threaded|clock_gettime|gettimeofday|time|
     (__cuda\w+|cuda(?!Ipc)[A-Z]\w*|__device_stub\w*|__nv_\w+|__fatbinwrap\w*)
