@@ -15,10 +15,16 @@ import json
 import os
 import sys
 
-import matplotlib
+NO_MATPLOTLIB = 3  # the exit code the lab binaries read as "matplotlib is not installed"
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402
+except ImportError as e:
+    print(f"plot.py: matplotlib is not installed for {sys.executable} ({e}); scripts/setup.sh installs it",
+          file=sys.stderr)
+    sys.exit(NO_MATPLOTLIB)
 
 
 def load_summary(run_dir):
@@ -312,7 +318,11 @@ def main():
     try:
         {"mnist": plot_mnist, "amp": plot_amp, "memory": plot_memory, "ddp": plot_ddp,
          "kernels": plot_kernels, "gpt": plot_gpt, "gpu_basics": plot_gpu_basics, "gpu_monitor": plot_gpu_monitor}[sys.argv[1]](sys.argv[2])
-    except (OSError, KeyError, ValueError, TypeError) as e:  # a run directory the plots cannot read
+    except OSError as e:  # a file it cannot read or write: a full disk, a permission
+        print(f"plot.py: cannot plot {sys.argv[1]} in {sys.argv[2]}: {e.strerror or e}"
+              f"{' (' + e.filename + ')' if e.filename else ''}", file=sys.stderr)
+        return 1
+    except (KeyError, ValueError, TypeError) as e:  # a run directory the plots cannot read
         print(f"plot.py: cannot plot {sys.argv[1]} from {sys.argv[2]}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0

@@ -89,16 +89,17 @@ double settle_peak(AmpLab& lab, double cold) {
   return peak;
 }
 
-// Every model in every precision (fp16-mixed also without its scaler), with your train_step.
-std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::string& shapes) {
+// Every model in every precision (fp16-mixed also without its scaler), with your train_step: each
+// row into `rows` as it finishes.
+void run_precisions(AmpLab& lab, uint64_t seed, std::string& shapes, std::vector<PrecisionResult>& rows) {
   const auto& amp = lab.config.amp;
-  std::vector<PrecisionResult> rows;
   json models;
   for (const auto& model_name : amp.models) {
     Workload w = amp_training::make_workload(model_name, amp, lab.device, seed);
     models[model_name] = w.shape;
     shapes += model_name + ": " + w.shape + "\n";
     amplab::log::info(model_name + ": " + w.shape);
+    lab.results.set("models", models);
     for (const auto& name : amp.precisions) {
       Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
       lab.phase(model_name + " " + name);
@@ -110,8 +111,6 @@ std::vector<PrecisionResult> run_precisions(AmpLab& lab, uint64_t seed, std::str
                                    amplab::make_fast_path_optimizer));
     }
   }
-  lab.results.set("models", models);
-  return rows;
 }
 
 // The comparison table: each row against the fp32 row of its model and against the peak.
@@ -278,9 +277,17 @@ int main(int argc, char** argv) {
               << amplab::fixed(cold_peak, lab.on_cpu() ? 3 : 1) << " TFLOP/s\n" << std::flush;
     // 2. The same models in every precision, with your train_step.
     std::string shapes;
-    const auto rows = run_precisions(lab, seed, shapes);
-    record_precisions(lab, rows, settle_peak(lab, cold_peak), shapes);
-    record_scaler_cost(lab, rows);
+    std::vector<PrecisionResult> rows;
+    double peak = cold_peak;
+    amplab::run_then_record(
+        [&] {
+          run_precisions(lab, seed, shapes, rows);
+          peak = settle_peak(lab, cold_peak);
+        },
+        [&] {
+          record_precisions(lab, rows, peak, shapes);
+          record_scaler_cost(lab, rows);
+        });
     // 3. Why fp16 needs loss scaling. 4. The scaler through an overflow, driven by your train_step.
     if (amp.underflow.enabled) record_underflow(lab, seed);
     if (amp.overflow.enabled) record_overflow_trace(lab, seed);

@@ -90,20 +90,22 @@ void sweep_matmul(GpuLab& lab) {
                                              {"cpu_tflops", "CPU TFLOP/s", decimals(3)},
                                              {"gpu_tflops", lab.on_cpu() ? "GPU" : "GPU TFLOP/s", decimals(1)},
                                              {"gpu_over_cpu", "GPU / CPU", decimals(1)}});
-  for (const auto& dtype_name : bench.dtypes) {
-    const auto dtype = dtype_name == "fp16" ? torch::kHalf : dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    const bool cpu_ok = dtype_name == "fp32" || dtype_name == "bf16";  // TF32 is a GPU feature; fp16 matmul is slow on CPUs
-    for (int64_t n : bench.matmul_sizes) {
-      double cpu = NAN, gpu = NAN;
-      if (cpu_ok && n <= bench.cpu_max_size)
-        // As many runs as on the GPU: at small sizes one run is a fraction of a millisecond and a
-        // single late-waking CPU thread decides it, so a median of 3 read 1 GFLOP/s at n = 128.
-        cpu = gpu_basics::matmul_tflops(n, dtype, torch::kCPU, false, bench.warmup, bench.repeats);
-      if (!lab.on_cpu()) gpu = gpu_basics::matmul_tflops(n, dtype, lab.device, dtype_name == "tf32", bench.warmup, bench.repeats);
-      if (!std::isnan(cpu) || !std::isnan(gpu)) table.add({n, dtype_name, cpu, gpu, gpu / cpu});  // NaN: not timed
+  amplab::run_then_record([&] {
+    for (const auto& dtype_name : bench.dtypes) {
+      const auto dtype = dtype_name == "fp16" ? torch::kHalf : dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+      const bool cpu_ok = dtype_name == "fp32" || dtype_name == "bf16";  // TF32 is a GPU feature; fp16 matmul is slow on CPUs
+      for (int64_t n : bench.matmul_sizes) {
+        amplab::stop_if_interrupted();  // a size at a time: the largest CPU ones take seconds
+        double cpu = NAN, gpu = NAN;
+        if (cpu_ok && n <= bench.cpu_max_size)
+          // As many runs as on the GPU: at small sizes one run is a fraction of a millisecond and a
+          // single late-waking CPU thread decides it, so a median of 3 read 1 GFLOP/s at n = 128.
+          cpu = gpu_basics::matmul_tflops(n, dtype, torch::kCPU, false, bench.warmup, bench.repeats);
+        if (!lab.on_cpu()) gpu = gpu_basics::matmul_tflops(n, dtype, lab.device, dtype_name == "tf32", bench.warmup, bench.repeats);
+        if (!std::isnan(cpu) || !std::isnan(gpu)) table.add({n, dtype_name, cpu, gpu, gpu / cpu});  // NaN: not timed
+      }
     }
-  }
-  lab.results.print("matmul", "Matmul throughput");
+  }, [&] { lab.results.print("matmul", "Matmul throughput"); });
 }
 
 }  // namespace

@@ -94,6 +94,7 @@ void sweep(Harness& h, amplab::Results& results) {
         if (simulated) {
           m.error = "over the simulated limit of " + amplab::fixed(h.mem.cap_mib, 0) + " MiB";
         } else {
+          amplab::stop_if_interrupted();  // the rows measured so far are in the table
           amplab::log::info("sweep: " + setting + ", batch " + std::to_string(batch));
           m = run_setting(h, precision, every, batch);
         }
@@ -121,32 +122,37 @@ std::vector<FinderResult> finder(Harness& h, amplab::Results& results) {
   std::string unused;
   auto& trials = results.table("finder", {{"precision", ""}, {"phase", ""}, {"batch", ""}, {"fits", ""}, {"simulated", ""},
       {"step_ms", ""}, {"samples_per_s", ""}, {"peak_mib", ""}, {"reserved_mib", ""}, {"error", ""}});
-  for (Precision precision : supported(c.precisions, "mem.finder.precisions", h.device, unused))
-    found.push_back(find_batch(h, precision, &trials));
-  auto& table = results.table("finder_results",
-      {{"precision", "precision"}, {"trials", "trials", integer}, {"largest_fit", "largest fit", integer},
-       {"smallest_oom", "first OOM", [](const json& v) { return v == 0 ? std::string("none") : integer(v); }},
-       {"recommended", "recommended", integer}, {"best_throughput", "best throughput", integer},
-       {"best_samples_per_second", "samples/s", integer}, {"brute_force_limit", "brute-force limit", integer},
-       {"finder_over_true", "finder / true", amplab::decimals(3)}, {"brute_force_note", ""}});
-  std::string checks;
-  for (const auto& r : found) {
-    const auto& s = r.search;
-    const bool checked = r.brute_force_limit > 0;
-    const double ratio = checked ? static_cast<double>(s.largest_fit) / static_cast<double>(r.brute_force_limit) : 0;
-    table.add({amplab::to_string(r.precision), s.trials.size(), s.largest_fit, s.smallest_oom, s.recommended,
-               s.best_throughput, s.best_samples_per_second, checked ? json(r.brute_force_limit) : json(),
-               value_if(ratio > 0, ratio), r.brute_force_note});
-    if (checked)
-      checks += amplab::to_string(r.precision) + ": the finder's largest batch is " + amplab::fixed(100 * ratio, 1) +
-                "% of the true limit (" + r.brute_force_note + "): within 5%: " + (std::abs(1 - ratio) <= 0.05 ? "yes" : "NO") + "\n";
-  }
-  results.print("finder_results", "2. Batch-size finder (powers of two from " + std::to_string(c.search.start) +
-                    ", then bisection to multiples of " + std::to_string(c.search.multiple_of) + "; " +
-                    std::to_string(c.search.trial_steps) + " steps per trial; safety margin " +
-                    percent(c.search.safety_margin) + ")",
-                checks + (h.cpu ? "(CPU: 'fits' comes from the simulated limit; on a GPU each trial runs until the "
-                                  "allocator runs out)\n" : ""));
+  amplab::run_then_record([&] {
+    for (Precision precision : supported(c.precisions, "mem.finder.precisions", h.device, unused)) {
+      amplab::stop_if_interrupted();  // a precision at a time
+      found.push_back(find_batch(h, precision, &trials));
+    }
+  }, [&] {
+    auto& table = results.table("finder_results",
+        {{"precision", "precision"}, {"trials", "trials", integer}, {"largest_fit", "largest fit", integer},
+         {"smallest_oom", "first OOM", [](const json& v) { return v == 0 ? std::string("none") : integer(v); }},
+         {"recommended", "recommended", integer}, {"best_throughput", "best throughput", integer},
+         {"best_samples_per_second", "samples/s", integer}, {"brute_force_limit", "brute-force limit", integer},
+         {"finder_over_true", "finder / true", amplab::decimals(3)}, {"brute_force_note", ""}});
+    std::string checks;
+    for (const auto& r : found) {
+      const auto& s = r.search;
+      const bool checked = r.brute_force_limit > 0;
+      const double ratio = checked ? static_cast<double>(s.largest_fit) / static_cast<double>(r.brute_force_limit) : 0;
+      table.add({amplab::to_string(r.precision), s.trials.size(), s.largest_fit, s.smallest_oom, s.recommended,
+                 s.best_throughput, s.best_samples_per_second, checked ? json(r.brute_force_limit) : json(),
+                 value_if(ratio > 0, ratio), r.brute_force_note});
+      if (checked)
+        checks += amplab::to_string(r.precision) + ": the finder's largest batch is " + amplab::fixed(100 * ratio, 1) +
+                  "% of the true limit (" + r.brute_force_note + "): within 5%: " + (std::abs(1 - ratio) <= 0.05 ? "yes" : "NO") + "\n";
+    }
+    results.print("finder_results", "2. Batch-size finder (powers of two from " + std::to_string(c.search.start) +
+                      ", then bisection to multiples of " + std::to_string(c.search.multiple_of) + "; " +
+                      std::to_string(c.search.trial_steps) + " steps per trial; safety margin " +
+                      percent(c.search.safety_margin) + ")",
+                  checks + (h.cpu ? "(CPU: 'fits' comes from the simulated limit; on a GPU each trial runs until the "
+                                    "allocator runs out)\n" : ""));
+  });
   return found;
 }
 
@@ -241,46 +247,51 @@ void checkpointing(Harness& h, amplab::Results& results) {
       notes += "  checkpointing/" + std::to_string(every) + ": left out, one segment of all " +
                std::to_string(h.shape.depth) + " blocks is no checkpointing\n";
   std::vector<CheckpointRow> rows;
-  for (Precision precision : supported(c.precisions, "mem.checkpointing.precisions", h.device, notes))
-    for (int64_t every : c.every) {
-      if (every >= h.shape.depth) continue;
-      amplab::log::info("checkpointing: " + setting_name(precision, every) + ", batch " + std::to_string(c.batch));
-      rows.push_back({precision, every, run_setting(h, precision, every, c.batch)});
-    }
-  const auto baseline = [&rows](Precision precision) -> const CheckpointRow* {
-    for (const auto& b : rows)
-      if (b.precision == precision && b.every == 0) return &b;
-    return nullptr;
+  const auto run_rows = [&] {
+    for (Precision precision : supported(c.precisions, "mem.checkpointing.precisions", h.device, notes))
+      for (int64_t every : c.every) {
+        if (every >= h.shape.depth) continue;
+        amplab::stop_if_interrupted();  // a setting at a time
+        amplab::log::info("checkpointing: " + setting_name(precision, every) + ", batch " + std::to_string(c.batch));
+        rows.push_back({precision, every, run_setting(h, precision, every, c.batch)});
+      }
   };
-  auto& table = results.table("checkpointing", {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""},
-      {"batch", ""}, {"fits", ""},
-      {"peak_mib", "peak alloc MiB", [](const json& v) { return v.is_null() ? std::string("OOM") : integer(v); }},
-      {"reserved_mib", "peak reserved MiB", integer}, {"estimate_mib", "estimate MiB", integer},
-      {"step_ms", "ms/step", amplab::decimals(2)}, {"samples_per_s", "samples/s", integer},
-      {"memory_saving", "memory saving", amplab::times(2)},
-      {"time_overhead", "time overhead",
-       [](const json& v) { return v.is_null() ? "-" : (v.get<double>() >= 0 ? "+" : "") + percent(v.get<double>()); }},
-      {"memory_saving_vs_fp32", "saving vs fp32", amplab::times(2)}, {"time_overhead_vs_fp32", ""},
-      {"estimated_saving_vs_fp32", "est. saving vs fp32", amplab::times(2)}, {"error", ""}});
-  for (const auto& r : rows) {
-    const CheckpointRow *base = baseline(r.precision), *fp32 = baseline(Precision::fp32);
-    const Comparison same = base ? compare(base->m, r.m) : Comparison{};
-    const Comparison vs_fp32 = fp32 ? compare(fp32->m, r.m) : Comparison{};
-    const double estimate = h.estimate_mib(r.precision, r.every, c.batch);
-    table.add({setting_name(r.precision, r.every), amplab::to_string(r.precision), r.every, c.batch, r.m.fits,
-               value_if(r.m.fits, r.m.peak_allocated_mib), value_if(r.m.fits, r.m.peak_reserved_mib), estimate,
-               value_if(r.m.fits, r.m.step_ms), value_if(r.m.fits, samples_per_second(r.m, c.batch)),
-               value_if(same.memory_saving > 0, same.memory_saving),
-               value_if(r.every > 0 && same.memory_saving > 0, same.time_overhead),
-               value_if(vs_fp32.memory_saving > 0, vs_fp32.memory_saving),
-               value_if(vs_fp32.memory_saving > 0, vs_fp32.time_overhead),
-               h.estimate_mib(Precision::fp32, 0, c.batch) / estimate, r.m.error});
-    checks += checkpointing_targets(r, same, vs_fp32);
-  }
-  print_with_intro(table, "4. Activation checkpointing (batch " + std::to_string(c.batch) + (h.cpu ? "" : ", no memory cap") + ")",
-      "memory saving and time overhead against the same precision without checkpointing; 'checkpointing/k': segments "
-      "of k blocks\n", notes + (h.cpu ? "(CPU: the peaks are RSS high-water marks of the whole process and barely move; "
-      "the estimates show\n what a GPU allocator would be asked for. The savings need a GPU to measure.)\n" : checks));
+  amplab::run_then_record(run_rows, [&] {
+    const auto baseline = [&rows](Precision precision) -> const CheckpointRow* {
+      for (const auto& b : rows)
+        if (b.precision == precision && b.every == 0) return &b;
+      return nullptr;
+    };
+    auto& table = results.table("checkpointing", {{"setting", "setting"}, {"precision", ""}, {"checkpoint_every", ""},
+        {"batch", ""}, {"fits", ""},
+        {"peak_mib", "peak alloc MiB", [](const json& v) { return v.is_null() ? std::string("OOM") : integer(v); }},
+        {"reserved_mib", "peak reserved MiB", integer}, {"estimate_mib", "estimate MiB", integer},
+        {"step_ms", "ms/step", amplab::decimals(2)}, {"samples_per_s", "samples/s", integer},
+        {"memory_saving", "memory saving", amplab::times(2)},
+        {"time_overhead", "time overhead",
+         [](const json& v) { return v.is_null() ? "-" : (v.get<double>() >= 0 ? "+" : "") + percent(v.get<double>()); }},
+        {"memory_saving_vs_fp32", "saving vs fp32", amplab::times(2)}, {"time_overhead_vs_fp32", ""},
+        {"estimated_saving_vs_fp32", "est. saving vs fp32", amplab::times(2)}, {"error", ""}});
+    for (const auto& r : rows) {
+      const CheckpointRow *base = baseline(r.precision), *fp32 = baseline(Precision::fp32);
+      const Comparison same = base ? compare(base->m, r.m) : Comparison{};
+      const Comparison vs_fp32 = fp32 ? compare(fp32->m, r.m) : Comparison{};
+      const double estimate = h.estimate_mib(r.precision, r.every, c.batch);
+      table.add({setting_name(r.precision, r.every), amplab::to_string(r.precision), r.every, c.batch, r.m.fits,
+                 value_if(r.m.fits, r.m.peak_allocated_mib), value_if(r.m.fits, r.m.peak_reserved_mib), estimate,
+                 value_if(r.m.fits, r.m.step_ms), value_if(r.m.fits, samples_per_second(r.m, c.batch)),
+                 value_if(same.memory_saving > 0, same.memory_saving),
+                 value_if(r.every > 0 && same.memory_saving > 0, same.time_overhead),
+                 value_if(vs_fp32.memory_saving > 0, vs_fp32.memory_saving),
+                 value_if(vs_fp32.memory_saving > 0, vs_fp32.time_overhead),
+                 h.estimate_mib(Precision::fp32, 0, c.batch) / estimate, r.m.error});
+      checks += checkpointing_targets(r, same, vs_fp32);
+    }
+    print_with_intro(table, "4. Activation checkpointing (batch " + std::to_string(c.batch) + (h.cpu ? "" : ", no memory cap") + ")",
+        "memory saving and time overhead against the same precision without checkpointing; 'checkpointing/k': segments "
+        "of k blocks\n", notes + (h.cpu ? "(CPU: the peaks are RSS high-water marks of the whole process and barely move; "
+        "the estimates show\n what a GPU allocator would be asked for. The savings need a GPU to measure.)\n" : checks));
+  });
 }
 
 // ---- 5. Memory timeline of one step -------------------------------------------------------------------

@@ -15,7 +15,6 @@
 #include "amplab/infra/config_json.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
-#include "amplab/infra/signals.hpp"
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
@@ -282,7 +281,7 @@ void record_profiles(Lab& lab, const std::vector<mnist::ModeResult>& results, co
 
 int run_lab(Lab& lab) {
   const MnistConfig& config = lab.config;
-  amplab::InterruptHandler interrupts;
+  lab.how_to_go_on = "go on with --resume latest (the modes that finished are kept)";
   const amplab::MnistData data = amplab::load_mnist(config.data);
   amplab::log::info(config.data.dataset + " from " + data.dir + ": " + std::to_string(data.train.size()) + " training, " +
                     std::to_string(data.test.size()) + " test images");

@@ -16,6 +16,11 @@
 
 namespace amplab {
 
+std::string where_it_stopped(const std::string& current_phase, const std::string& stopped_before) {
+  if (!stopped_before.empty()) return "before '" + stopped_before + "'";
+  return current_phase.empty() ? "" : "in '" + current_phase + "'";
+}
+
 bool config_runs_on_cpu(const std::string& device_spec) { return !resolve_device(device_spec).is_cuda(); }
 
 namespace detail {
@@ -58,26 +63,73 @@ std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const Run
                                       PhaseTrace::Limits{config.trace_phases, config.trace_seconds, config.trace_budget_mb << 20});
 }
 
-void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
-                GpuTimeline* gpu_timeline, bool succeeded) {
-  if (!run.enabled()) return;
-  if (gpu_timeline) {
-    gpu_timeline->stop();
-    results.set("gpu_monitor", gpu_timeline->summary());
-  }
-  if (config.memory_snapshot && memory_history_recording()) write_memory_snapshot(run.file("memory_snapshot.pickle"));
-  results.write(run);
+namespace {
+
+// The plots of a run that finished its work; a signal stops the drawing between two plots.
+void draw_plots(const std::string& plot_kind, const RunDir& run, bool gpu_monitor) {
   std::cout << std::flush;  // before the plot script writes to the same stream
-  if (!plot_kind.empty()) make_plots(plot_kind, run);
-  if (gpu_timeline && succeeded) make_plots("gpu_monitor", run);
-  write_report(run);
-  if (succeeded) std::cout << "\nresults: " << run.path() << "/\n";
+  for (const std::string& kind : {plot_kind, std::string(gpu_monitor ? "gpu_monitor" : "")})
+    if (!kind.empty() && !interrupt_requested()) make_plots(kind, run);
 }
 
-int run_body(const std::function<int()>& body, const std::string& size_keys) {
+// summary.json's account of how the run ended.
+void record_status(Results& results, const RunEnd& end) {
+  const bool stopped_early = !end.succeeded && end.signal != 0;
+  results.set("status", end.succeeded ? "complete" : stopped_early ? "interrupted" : "failed");
+  if (stopped_early)
+    results.set("interrupted", {{"by", describe_interrupt(end.signal)}, {"where", end.where}, {"how_to_go_on", end.how_to_go_on}});
+}
+
+// The run's last line after a signal: where it stopped, what it kept, how to go on.
+void say_where_it_stopped(const RunDir& run, const RunEnd& end) {
+  const std::string where = run.enabled() ? run.path() + "/" : "rank 0's run directory";
+  if (end.succeeded)
+    log::warn("stopped by " + describe_interrupt(end.signal) + " after the run's work was done: its results are in " + where +
+              " (a plot may be missing)");
+  else if (!end.said_where)
+    log::warn("stopped by " + describe_interrupt(end.signal) + (end.where.empty() ? "" : " " + end.where) +
+              ": what finished before it is in " + where + " (summary.json and report.md marked partial); " + end.how_to_go_on);
+}
+
+}  // namespace
+
+int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+               GpuTimeline* gpu_timeline, const RunEnd& end, int exit_code) {
+  if (end.signal != 0) exit_code = interrupt_exit_code(end.signal);
+  if (run.enabled()) {
+    if (gpu_timeline) {
+      gpu_timeline->stop();
+      results.set("gpu_monitor", gpu_timeline->summary());
+    }
+    if (config.memory_snapshot && memory_history_recording()) write_memory_snapshot(run.file("memory_snapshot.pickle"));
+    record_status(results, end);
+    results.write(run);
+    if (end.succeeded) draw_plots(plot_kind, run, gpu_timeline != nullptr);
+    try {
+      write_report(run);
+    } catch (const std::exception& e) {  // the results are written; the report is their summary
+      log::warn(std::string("report.md not written: ") + e.what());
+      if (exit_code == kExitOk) exit_code = kExitIo;
+    }
+  }
+  RunEnd last = end;  // a signal may also come while the plots are drawn and the report written
+  last.signal = interrupt_signal();
+  if (last.signal != 0) {
+    say_where_it_stopped(run, last);
+    return interrupt_exit_code(last.signal);
+  }
+  if (end.succeeded && run.enabled()) std::cout << "\nresults: " << run.path() << "/\n";
+  return exit_code;
+}
+
+}  // namespace detail
+
+BodyEnd run_lab_body(const std::function<int()>& body, const std::string& size_keys) {
   const std::string lower = size_keys.empty() ? "the sizes set in the config (see --help)" : size_keys;
   try {
-    return body();
+    return {body(), 0};
+  } catch (const Interrupted& stop) {
+    return {interrupt_exit_code(stop.signal()), stop.signal()};
   } catch (const c10::OutOfMemoryError& e) {
     std::string message = e.what_without_backtrace();
     throw std::runtime_error("out of GPU memory: " + message.substr(0, message.find('\n')) + "; lower " + lower);
@@ -91,5 +143,4 @@ int run_body(const std::function<int()>& body, const std::string& size_keys) {
   }
 }
 
-}  // namespace detail
 }  // namespace amplab

@@ -16,6 +16,7 @@
 
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/config.hpp"
+#include "amplab/infra/signals.hpp"
 #include "amplab/measure/gpu_timeline.hpp"
 #include "amplab/measure/trace.hpp"
 #include "amplab/report/results.hpp"
@@ -33,6 +34,8 @@ struct LabInfo {
   // The lab traces its own training steps under run.trace (fit's StepTrace, as mnist does), so
   // lab_main traces none of its phases.
   bool traces_own_steps = false;
+  // What --resume takes in this lab, for --help ("" for checkpoints: a file, latest or auto).
+  std::string resume_help;
 };
 
 // What a lab's body works with.
@@ -50,16 +53,42 @@ struct Lab {
   // run.trace's trace of each phase: null unless asked (no profiler runs then).
   std::unique_ptr<PhaseTrace> phase_trace = nullptr;
   NvtxPhases nvtx;
+  std::string current_phase;  // the last phase() named
+  std::string stopped_before;  // the phase a stop signal kept from starting
+  // How an interrupted run goes on, for its last line; a lab that resumes sets its own.
+  std::string how_to_go_on = "run the lab again to measure the rest";
 
   bool on_cpu() const { return !device.is_cuda(); }
   // Labels what the lab does from now on ("" for nothing): in gpu_monitor.csv and summary.json's
   // gpu_monitor, as an NVTX range (Nsight Systems), and with run.trace as trace-<name>.json.
+  // A new phase is a safe point: after Ctrl-C the run stops here (Interrupted, signals.hpp).
   void phase(const std::string& name) {
+    if (!name.empty() && interrupt_requested()) {
+      stopped_before = name;
+      stop_if_interrupted();
+    }
+    current_phase = name;
     if (gpu_timeline) gpu_timeline->phase(name);
     nvtx.phase(name);
     if (phase_trace) phase_trace->phase(name);
   }
 };
+
+// Runs `work`, then `record`, which puts the rows `work` measured into the results (and prints
+// them); also when a stop signal ends `work` at a safe point, so that the rows finished before it
+// are kept; the run then stops.
+inline void run_then_record(const std::function<void()>& work, const std::function<void()>& record) {
+  try {
+    work();
+  } catch (const Interrupted&) {
+    record();
+    throw;
+  }
+  record();
+}
+
+// "before 'matmul'" when a stop signal kept that phase from starting, else "in '<current>'".
+std::string where_it_stopped(const std::string& current_phase, const std::string& stopped_before);
 
 // Whether run.device ("auto", "cpu", "cuda:1") resolves to the CPU on this machine.
 bool config_runs_on_cpu(const std::string& device_spec);
@@ -74,13 +103,29 @@ std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDi
 // and on a rank that writes no files).
 std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device,
                                               bool lab_traces_own_steps);
-// A run that failed (`succeeded` false) keeps its results and report but draws no plots and
-// prints nothing after its error line.
-void finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
-                GpuTimeline* gpu_timeline, bool succeeded);
-// Runs `body`; running out of memory becomes one line naming `size_keys`.
-int run_body(const std::function<int()>& body, const std::string& size_keys);
+// What the run's end writes and says.
+struct RunEnd {
+  bool succeeded = false;   // the body finished its work
+  int signal = 0;           // a stop signal arrived at any time (the exit code is then 128 + signal)
+  bool said_where = false;  // the body already said where it stopped (fit's interrupted line)
+  std::string where;        // where it stopped: "in 'fp16'", "before 'matmul'" ("" when unknown)
+  std::string how_to_go_on;
+};
+// Writes summary.json (with its "status": complete, failed or interrupted) and the CSV files,
+// then the plots (a run that finished its work), then report.md (marked partial when the run did
+// not finish). Nothing here throws past the run except a failed write of its results.
+int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+               GpuTimeline* gpu_timeline, const RunEnd& end, int exit_code);
 }  // namespace detail
+
+// How a lab's body ended.
+struct BodyEnd {
+  int exit_code = 0;
+  int interrupted_by = 0;  // the signal that stopped it before the end (Interrupted), or 0
+};
+// Runs a lab's body: running out of CPU or GPU memory becomes one line naming `size_keys` (the
+// config keys that set the sizes), and a stop signal at a safe point (Interrupted) an exit code.
+BodyEnd run_lab_body(const std::function<int()>& body, const std::string& size_keys);
 
 // Loads the config: the file, its `cpu:` section when run.device resolves to the CPU, then --set.
 // The `cpu:` section is checked whatever the device, so that a mistake in it shows on a GPU too.
@@ -104,17 +149,19 @@ std::pair<Config, ConfigSource> load_config_for_device(const CommandLine& cli, b
 template <class Config>
 using ConfigCheck = std::function<std::optional<int>(const Config&, const ConfigSource&)>;
 
-// Runs a lab: parses the command line, loads the config, runs `check` (when given), creates the
-// run directory, applies the run settings, resolves the device and prints the title, runs `body`,
-// then writes the results, the plots and report.md. Errors become one line and an exit code
-// (guarded_main).
+// Runs a lab: installs the interrupt policy for the whole run, parses the command line, loads
+// the config, runs `check` (when given), creates the run directory, applies the run settings,
+// resolves the device and prints the title, runs `body`, then writes the results, the plots and
+// report.md. Errors become one line and an exit code (guarded_main).
 template <class Config>
 int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Config>& check,
              const std::function<int(Lab<Config>&)>& body) {
   return guarded_main([&]() -> int {
+    InterruptHandler interrupts;  // until the process exits: plots and report.md included
     Config defaults;
     CommandLine cli;
-    if (auto code = parse_command_line(argc, argv, info.name, info.title, describe_keys(defaults), cli, info.accepts_resume))
+    if (auto code = parse_command_line(argc, argv, info.name, info.title, describe_keys(defaults), cli, info.accepts_resume,
+                                        info.resume_help))
       return *code;
     auto [config, source] = load_config_for_device<Config>(cli);
     if (check)
@@ -125,11 +172,14 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     auto phase_trace = detail::start_phase_trace(config.run, run, device, info.traces_own_steps);
     Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline),
                     std::move(phase_trace), {}};
-    const int code = detail::run_body([&] { return body(lab); }, info.size_keys);
+    const BodyEnd ended = run_lab_body([&] { return body(lab); }, info.size_keys);
     if (lab.phase_trace) lab.phase_trace->finish();  // the last phase's trace, before the results are written
-    detail::finish_run(lab.config.run, lab.run, lab.results, code == kExitOk ? lab.plot_kind : "", lab.gpu_timeline.get(),
-                       code == kExitOk);
-    return code;
+    const detail::RunEnd end{.succeeded = ended.exit_code == kExitOk, .signal = interrupt_signal(),
+                             .said_where = ended.interrupted_by == 0 && ended.exit_code != kExitOk,
+                             .where = where_it_stopped(lab.current_phase, lab.stopped_before),
+                             .how_to_go_on = lab.how_to_go_on};
+    return detail::finish_run(lab.config.run, lab.run, lab.results, lab.plot_kind, lab.gpu_timeline.get(), end,
+                              ended.exit_code);
   });
 }
 

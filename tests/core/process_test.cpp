@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -110,6 +112,32 @@ TEST(Interrupt, SecondSignalExitsAtOnce) {
   // No temporary checkpoint file is left behind.
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// Every lab stops the same way: a study lab (no training loop, no checkpoint) stopped in its
+// matmul sweep keeps the rows it finished, marks summary.json and report.md partial, says where it
+// stopped and how to go on, and exits 130.
+TEST(Interrupt, AStudyLabKeepsItsFinishedRowsAndSaysWhereItStopped) {
+  test::TempDir dir;
+  test::Child child({lab_binary("gpu_basics"), "--set", "run.out_dir=" + dir.file("runs"), "--set", "bench.copy_mib=1",
+                     "--set", "bench.matmul_sizes=[64, 128, 2048, 2048, 2048, 2048, 2048, 2048]", "--set",
+                     "bench.cpu_max_size=4096"});
+  ASSERT_TRUE(child.wait_for_output("== Memory bandwidth", 120)) << child.output();
+  child.signal(SIGINT);
+  EXPECT_EQ(child.wait(120), 130) << child.output();
+  // In the sweep, or at its start when the signal came as the section before it ended.
+  const std::string where = child.output().find("before 'matmul'") != std::string::npos ? "before 'matmul'" : "in 'matmul'";
+  EXPECT_NE(child.output().find("stopped by Ctrl-C (SIGINT) " + where), std::string::npos) << child.output();
+  EXPECT_NE(child.output().find("run the lab again"), std::string::npos) << child.output();
+  const auto runs = std::filesystem::directory_iterator(dir.file("runs/gpu_basics"));
+  const std::filesystem::path run = runs->path();
+  const auto summary = nlohmann::json::parse(read_file((run / "summary.json").string()));
+  EXPECT_EQ(summary.at("status"), "interrupted");
+  EXPECT_EQ(summary.at("interrupted").at("where"), where);
+  EXPECT_EQ(summary.at("bandwidth").size(), 1u);  // the section finished before the signal, whole
+  EXPECT_LT(summary.value("matmul", nlohmann::json::array()).size(), 4u);  // stopped at a size, not at its end
+  EXPECT_NE(read_file((run / "report.md").string()).find("**A partial run:** stopped by Ctrl-C (SIGINT) " + where),
+            std::string::npos);
 }
 
 // kill -9 at random moments while checkpoints are being written, 50 times: `latest` always names

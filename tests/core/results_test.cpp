@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "amplab/report/results.hpp"
@@ -76,12 +77,14 @@ TEST(Results, ARowOfTheWrongWidthIsAProgrammingError) {
 
 #include "amplab/lab_main.hpp"
 
+#include <signal.h>
+
 namespace amplab {
 namespace {
 
 std::string error_of(const std::function<int()>& body) {
   try {
-    detail::run_body(body, "amp.mlp.width, amp.mlp.batch");
+    run_lab_body(body, "amp.mlp.width, amp.mlp.batch");
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -101,7 +104,34 @@ TEST(LabMain, RunningOutOfMemoryNamesTheSizeKeys) {
   std::string other = error_of([]() -> int { throw c10::Error("Expected all tensors to be on the same device"); });
   EXPECT_EQ(other.rfind("Expected all tensors to be on the same device", 0), 0u) << other;
   EXPECT_EQ(other.find("lower"), std::string::npos) << other;
-  EXPECT_EQ(detail::run_body([] { return 7; }, ""), 7);
+  EXPECT_EQ(run_lab_body([] { return 7; }, "").exit_code, 7);
+}
+
+// A Ctrl-C in the middle of a study's rows: the rows finished are recorded, the body ends at the
+// next safe point with 130, and the signal is named.
+TEST(LabMain, AStopSignalKeepsTheRowsFinishedAndEndsTheBodyWith130) {
+  std::optional<InterruptHandler> handler(std::in_place);
+  std::vector<int> rows, recorded;
+  const BodyEnd end = run_lab_body(
+      [&] {
+        run_then_record(
+            [&] {
+              for (int row = 0; row < 5; ++row) {
+                stop_if_interrupted();
+                rows.push_back(row);
+                if (row == 1) ::raise(SIGINT);  // Ctrl-C while the second row runs
+              }
+            },
+            [&] { recorded = rows; });
+        return kExitOk;
+      },
+      "");
+  handler.reset();
+  handler.emplace();  // a new handler starts with no signal: the tests after this one run on
+  EXPECT_EQ(end.exit_code, 130);
+  EXPECT_EQ(end.interrupted_by, SIGINT);
+  EXPECT_EQ(recorded, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(interrupt_requested());
 }
 
 }  // namespace

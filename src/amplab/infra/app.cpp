@@ -24,14 +24,18 @@ std::string default_config_path(const std::string& lab) {
 }
 
 std::optional<int> parse_command_line(int argc, char** argv, const std::string& lab, const std::string& summary,
-                                      const std::string& config_keys, CommandLine& out, bool accepts_resume) {
+                                      const std::string& config_keys, CommandLine& out, bool accepts_resume,
+                                      const std::string& resume_help) {
   CLI::App app(summary, lab);
   out.config_path = default_config_path(lab);
   app.add_option("-c,--config", out.config_path, "YAML config file")->capture_default_str();
   app.add_option("-s,--set", out.overrides, "override one config key, e.g. --set train.lr=0.01 (repeatable)")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
-  if (accepts_resume) {
+  if (accepts_resume && !resume_help.empty()) {  // a study that keeps its rows (StudyProgress)
+    app.add_option("--resume", out.resume, resume_help)->type_name("RUN_DIR|latest");
+    app.add_flag("--force", out.force, "keep the earlier run's rows although its config differs (the difference is named)");
+  } else if (accepts_resume) {
     app.add_option("--resume", out.resume,
                    "resume from a checkpoint file, 'latest' in the checkpoint directory, or 'auto' (latest if there is "
                    "one, else start fresh: what a restarted worker of torchrun --max-restarts wants)")
@@ -86,6 +90,9 @@ int guarded_main(const std::function<int()>& body) {
   survive_the_terminal();  // before any file is opened: a closed stdout must not be reused
   try {
     return check_unwritten(body());
+  } catch (const Interrupted& e) {  // a stop signal at a safe point outside a lab's body
+    return report_error("stopped by " + describe_interrupt(e.signal()) + " before the run began; nothing was written",
+                        interrupt_exit_code(e.signal()));
   } catch (const NotImplemented& e) {
     return report_error(e.what(), kExitNotImplemented);
   } catch (const IoError& e) {

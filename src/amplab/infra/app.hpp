@@ -30,7 +30,7 @@ constexpr int kExitIo = 4;            // a file could not be read or written (di
 // now (--help: 0, bad arguments: kExitUsage after printing one line).
 std::optional<int> parse_command_line(int argc, char** argv, const std::string& lab, const std::string& summary,
                                       const std::string& config_keys, CommandLine& out,
-                                      bool accepts_resume = true);
+                                      bool accepts_resume = true, const std::string& resume_help = "");
 
 // Loads configs/<lab>.yaml (or --config) with the --set overrides into `config`; returns the
 // source, whose where(key) names the origin of a value for checks across keys.

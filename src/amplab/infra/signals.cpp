@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <string>
 
 #include "amplab/infra/files.hpp"
 
@@ -17,6 +18,7 @@ namespace {
 
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_child = 0;  // the waited-for child's pid (pid_t fits an int on Linux)
 struct sigaction g_previous[3];
 
 void on_signal(int sig) {
@@ -24,6 +26,7 @@ void on_signal(int sig) {
     // Second signal: only async-signal-safe calls here (unlink, write, _exit).
     const char* temp = atomic_write_in_progress();
     if (temp[0] != '\0') ::unlink(temp);
+    if (g_child > 0) ::kill(static_cast<pid_t>(g_child), SIGKILL);  // it ignores the stop signals
     const char message[] = "\nsecond signal: exiting now without saving\n";
     ssize_t ignored = ::write(STDERR_FILENO, message, sizeof message - 1);
     (void)ignored;
@@ -74,5 +77,23 @@ InterruptHandler::~InterruptHandler() {
 int interrupt_signal() { return g_signal; }
 
 int interrupt_exit_code(int signal) { return 128 + signal; }
+
+std::string describe_interrupt(int signal) {
+  if (signal == SIGINT) return "Ctrl-C (SIGINT)";
+  if (signal == SIGHUP) return "SIGHUP (the terminal closed)";
+  if (signal == SIGTERM) return "SIGTERM";
+  return "signal " + std::to_string(signal);
+}
+
+void stop_if_interrupted() {
+  if (const int signal = interrupt_signal(); signal != 0) throw Interrupted(signal);
+}
+
+void set_waited_child(pid_t pid) { g_child = pid; }
+
+void ignore_stop_signals_in_child() {
+  // Ignored signals stay ignored across exec (Python then installs no KeyboardInterrupt handler).
+  for (int signal : kStopSignals) ::signal(signal, SIG_IGN);
+}
 
 }  // namespace amplab

@@ -156,6 +156,10 @@ std::string report_text(const std::string& readme_text, const std::string& lab, 
   if (!gpu.empty() || !cpu.empty())
     out += "\nMachine: " + (gpu.empty() || gpu == "null" ? std::string("no GPU") : gpu) + "; CPU " + cpu +
            (commit.empty() ? "" : "; commit " + commit) + "\n";
+  if (summary_value(run, "status") == "interrupted")
+    out += "\n**A partial run:** stopped by " + summary_value(run, "interrupted.by") + " " +
+           summary_value(run, "interrupted.where") + "; the tables below hold what finished before it (" +
+           summary_value(run, "interrupted.how_to_go_on") + ").\n";
   for (const auto& q : questions) {
     out += "\n## " + q.title + "\n";
     for (const auto& line : q.lines) out += line + "\n";
