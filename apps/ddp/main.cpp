@@ -16,6 +16,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
+#include "amplab/lab_main.hpp"  // run_lab_body
 #include "amplab/measure/gpu_timeline.hpp"  // run.gpu_monitor
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
@@ -122,6 +123,7 @@ int main(int argc, char** argv) {
                           source.where("bench.width") + "); allowed: 1 to bench.width");
     const std::string yaml = amplab::to_yaml(config);
     ddp_lab::Setup setup = ddp_lab::init_distributed(config.dist, config.run.device);
+    amplab::dist::require_same_config(*setup.comm, yaml);
     amplab::RunDir run = ddp_lab::make_run_dir(config.run, yaml, setup.world);
     amplab::apply_run_settings(config.run);
     amplab::InterruptHandler interrupts;
@@ -131,8 +133,14 @@ int main(int argc, char** argv) {
     if (config.run.gpu_monitor && run.enabled() && setup.device.is_cuda())
       gpu_timeline = std::make_unique<amplab::GpuTimeline>(setup.device, run.file("gpu_monitor.csv"));
     amplab::Results results;
-    const int code = config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::make_fast_path_optimizer)
-                                          : train(config, setup, run, yaml, cli, results);
+    const std::string size_keys = config.bench.enabled ? "bench.width, bench.layers or bench.batch"
+                                                       : "train.batch_size or data.train_limit";
+    const int code = amplab::run_lab_body(
+        [&] {
+          return config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::make_fast_path_optimizer)
+                                      : train(config, setup, run, yaml, cli, results);
+        },
+        size_keys).exit_code;
     if (gpu_timeline && gpu_timeline->available()) {
       gpu_timeline->stop();
       results.set("gpu_monitor", gpu_timeline->summary());

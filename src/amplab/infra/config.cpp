@@ -810,4 +810,35 @@ nlohmann::json node_to_json(const YAML::Node& node) {
 
 nlohmann::json config_yaml_to_json(const std::string& yaml) { return node_to_json(YAML::Load(yaml)); }
 
+namespace {
+void flatten(const nlohmann::json& value, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (value.is_object()) {
+    for (const auto& [key, child] : value.items()) flatten(child, prefix.empty() ? key : prefix + "." + key, out);
+    return;
+  }
+  out[prefix] = value.dump();
+}
+}  // namespace
+
+ConfigDifference first_config_difference(const std::string& before_yaml, const std::string& now_yaml,
+                                         const std::vector<std::string>& free_keys) {
+  std::map<std::string, std::string> before, now;
+  flatten(config_yaml_to_json(before_yaml), "", before);
+  flatten(config_yaml_to_json(now_yaml), "", now);
+  auto free = [&](const std::string& key) {
+    for (const auto& prefix : free_keys)
+      if (key.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  for (const auto& [key, value] : now) {
+    if (free(key)) continue;
+    auto found = before.find(key);
+    const std::string old = found == before.end() ? "(not set)" : found->second;
+    if (old != value) return {key, old, value};
+  }
+  for (const auto& [key, value] : before)
+    if (!free(key) && now.count(key) == 0) return {key, value, "(not set)"};
+  return {};
+}
+
 }  // namespace amplab

@@ -7,9 +7,18 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 namespace amplab {
 
 nlohmann::json config_yaml_to_json(const std::string& yaml);
+
+// The first key whose value differs between two resolved configs (config.yaml's text), skipping
+// the keys that start with one of `free_keys`; an empty key when none differs.
+struct ConfigDifference {
+  std::string key, before, now;  // values as JSON ("(not set)" for a key one config lacks)
+};
+ConfigDifference first_config_difference(const std::string& before_yaml, const std::string& now_yaml,
+                                         const std::vector<std::string>& free_keys = {});
 
 }  // namespace amplab

@@ -59,6 +59,20 @@ std::string check_device_spec(const std::string& spec) {
 
 RunDir RunDir::none() { return RunDir(); }
 
+namespace {
+// A symbolic link on the way to out_dir whose target is missing ("File exists" says nothing), or `otherwise`.
+std::string dangling_link_or(const std::string& out_dir, const std::string& otherwise) {
+  std::error_code ec;
+  for (fs::path at = fs::path(out_dir); !at.empty(); at = at.parent_path()) {
+    if (fs::is_symlink(at, ec) && !fs::exists(at, ec))
+      return "'" + at.string() + "' is a symbolic link to '" + fs::read_symlink(at, ec).string() +
+             "', which does not exist; create its target or set run.out_dir elsewhere";
+    if (at == at.parent_path()) break;
+  }
+  return otherwise;
+}
+}  // namespace
+
 RunDir RunDir::create(const RunConfig& run, const std::string& lab, const std::string& resolved_config_yaml) {
   RunDir dir;
   dir.lab_ = lab;
@@ -66,7 +80,7 @@ RunDir RunDir::create(const RunConfig& run, const std::string& lab, const std::s
   fs::path base = fs::path(run.out_dir) / lab;
   std::error_code ec;
   fs::create_directories(base, ec);
-  if (ec) throw Error("run.out_dir: cannot create '" + base.string() + "': " + ec.message());
+  if (ec) throw Error("run.out_dir: cannot create '" + base.string() + "': " + dangling_link_or(run.out_dir, ec.message()));
   std::string stamp = local_time("%Y%m%d-%H%M%S");
   fs::path path = base / stamp;
   for (int n = 2; !fs::create_directory(path, ec); ++n) {
