@@ -9,6 +9,7 @@
 
 #include <ATen/ops/_scaled_mm.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -19,6 +20,7 @@
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
+#include "amplab/state/study_progress.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/step_settings.hpp"
@@ -69,12 +71,44 @@ struct Setting {
   bool graph_steps = true;  // with train.fast_path on a GPU, each step as one CUDA graph where it can be
 };
 
+struct CurvePoint {  // an evaluation during training
+  int64_t step = 0;
+  double train_loss = NAN, val_loss = NAN;
+};
+
 struct RunResult {  // NaN where the row did not run
   std::string name, skipped_because;
   std::string steps = "eager";  // or "CUDA graph"
   double ms_per_step = NAN, tokens_per_s = NAN, peak_mib = NAN, val_loss = NAN;  // the last validation loss
-  tf8::Gpt model{nullptr};
+  std::vector<CurvePoint> curve;
+  std::string sample;            // text the row's model wrote (the sample's row only)
+  tf8::Gpt model{nullptr};       // the trained model, in the process that trained it
 };
+
+// A row as progress.json keeps it (a NaN is written as null and read back as NaN).
+double number_or_nan(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : NAN;
+}
+void to_json(nlohmann::json& j, const RunResult& r) {
+  nlohmann::json curve = nlohmann::json::array();
+  for (const auto& p : r.curve) curve.push_back({p.step, p.train_loss, p.val_loss});
+  j = {{"steps", r.steps}, {"ms_per_step", r.ms_per_step}, {"tokens_per_s", r.tokens_per_s}, {"peak_mib", r.peak_mib},
+       {"val_loss", r.val_loss}, {"curve", curve}, {"sample", r.sample}};
+}
+RunResult row_from_json(const std::string& name, const nlohmann::json& j) {
+  RunResult r;
+  r.name = name;
+  r.steps = j.value("steps", "eager");
+  r.ms_per_step = number_or_nan(j, "ms_per_step");
+  r.tokens_per_s = number_or_nan(j, "tokens_per_s");
+  r.peak_mib = number_or_nan(j, "peak_mib");
+  r.val_loss = number_or_nan(j, "val_loss");
+  for (const auto& p : j.value("curve", nlohmann::json::array()))
+    r.curve.push_back({p.at(0).get<int64_t>(), p.at(1).is_number() ? p.at(1).get<double>() : NAN,
+                       p.at(2).is_number() ? p.at(2).get<double>() : NAN});
+  r.sample = j.value("sample", "");
+  return r;
+}
 
 // nanoGPT's optimizer: the fast path's (or torch's) over the matrices with
 // train.optimizer.weight_decay, and a second group, the LayerNorms' weights, without it.
@@ -95,8 +129,9 @@ std::unique_ptr<torch::optim::Optimizer> gpt_optimizer(const std::vector<torch::
 // trainer, with nanoGPT's optimizer groups and learning-rate schedule. ms/step counts the steps
 // after `warmup`, with the device synchronized around each; the evaluations (the mean loss of
 // `eval_iters` validation batches, in eval mode and the row's autocast) are left out of it, and
-// each adds a row to `losses` when given.
-RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* losses) {
+// each adds a point to the row's curve. A stop signal ends the row after the step in progress
+// (Interrupted): a row is kept whole or not at all.
+RunResult train_row(const Variant& v, const Setting& s) {
   RunResult r;
   r.name = v.name;
   tf8::GptOptions options = s.options;
@@ -142,6 +177,7 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
   amplab::reset_peak_memory(s.device);
   double timed_ms = 0;
   for (int64_t step = 1; step <= s.steps; ++step) {
+    amplab::stop_if_interrupted();
     auto [x, y] = s.data->batch(s.data->train, s.batch, options.block_size, s.device);
     amplab::set_learning_rate(trainer.optimizer(), s.schedule.at(step - 1));
     amplab::synchronize(s.device);
@@ -153,7 +189,7 @@ RunResult train_row(const Variant& v, const Setting& s, amplab::ResultTable* los
     if (step % s.eval_every != 0 && step != s.steps) continue;
     const double train_loss = loss.item<double>();
     r.val_loss = validation_loss();
-    if (losses) losses->add({v.name, step, train_loss, r.val_loss});
+    r.curve.push_back({step, train_loss, r.val_loss});
     amplab::log::info(v.name + " step " + std::to_string(step) + ": train " + amplab::fixed(train_loss, 4) + ", val " +
                       amplab::fixed(r.val_loss, 4));
   }
@@ -213,23 +249,48 @@ Setting setting_of(Lab& lab, const tf8::CharData& data) {
                  lab.device, static_cast<uint64_t>(lab.config.run.seed), lab.config.train, schedule};
 }
 
-// Trains each row of study.rows: every evaluation (losses) and the precision table (ms/step,
-// tokens/s, peak memory, last validation loss, speed-up against fp32). Returns the rows.
-std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
-  std::vector<RunResult> rows;
-  auto& losses = lab.results.table("losses", {{"row", ""}, {"step", ""}, {"train_loss", ""}, {"val_loss", ""}});
-  double fp32_ms = NAN;
-  for (const auto& name : lab.config.study.rows) {
-    RunResult skipped;
-    skipped.name = name;
-    skipped.skipped_because = skip_reason(variant_of(name), s);
-    if (skipped.skipped_because.empty()) {
-      amplab::log::info("training " + name);
-      lab.phase(name);
-    }
-    rows.push_back(skipped.skipped_because.empty() ? train_row(variant_of(name), s, &losses) : skipped);
-    if (name == "fp32") fp32_ms = rows.back().ms_per_step;
+// The row whose model writes the sample: the first of bf16, fp32, fp8, tf32, fp16 that runs here.
+std::string sample_row_of(const StudyConfig& study, const Setting& s) {
+  if (study.sample_tokens <= 0) return "";
+  for (const std::string name : {"bf16", "fp32", "fp8", "tf32", "fp16"})
+    if (std::find(study.rows.begin(), study.rows.end(), name) != study.rows.end() && skip_reason(variant_of(name), s).empty())
+      return name;
+  return "";
+}
+
+// Text from a trained model, started from a newline (or the text's first character).
+std::string sample_text(Lab& lab, tf8::Gpt& model, const tf8::CharData& data) {
+  const bool has_newline = std::binary_search(data.vocab.begin(), data.vocab.end(), U'\n');
+  torch::Tensor prompt = (has_newline ? data.encode("\n") : data.train.slice(0, 0, 1)).view({1, 1}).to(lab.device);
+  return data.decode(tf8::generate(model, prompt, lab.config.study.sample_tokens, /*temperature=*/0.8, /*top_k=*/20));
+}
+
+// One row of the precision study: skipped, kept from the run --resume names, or trained now (and
+// then recorded in progress.json).
+RunResult study_row(Lab& lab, const Setting& s, const tf8::CharData& data, amplab::StudyProgress& progress,
+                    const std::string& name, bool writes_sample) {
+  RunResult r;
+  r.name = name;
+  r.skipped_because = skip_reason(variant_of(name), s);
+  if (!r.skipped_because.empty()) return r;
+  lab.phase(name);
+  if (auto done = progress.done(name)) {
+    amplab::log::info(name + ": finished by the run in " + progress.resumed_from() + ", kept");
+    return row_from_json(name, *done);
   }
+  amplab::log::info("training " + name);
+  r = train_row(variant_of(name), s);
+  if (writes_sample) r.sample = sample_text(lab, r.model, data);
+  progress.record(name, r);
+  return r;
+}
+
+// The precision table (ms/step, tokens/s, peak memory, last validation loss, speed-up against
+// fp32) of the rows finished.
+void record_precisions(Lab& lab, const Setting& s, const std::vector<RunResult>& rows) {
+  double fp32_ms = NAN;
+  for (const auto& r : rows)
+    if (r.name == "fp32") fp32_ms = r.ms_per_step;
   auto& table = lab.results.table(
       "precision", {{"row", "row"}, {"steps", "steps"}, {"ms_per_step", "ms/step", amplab::decimals(lab.on_cpu() ? 1 : 2)},
                     {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
@@ -247,6 +308,22 @@ std::vector<RunResult> precision_study(Lab& lab, const Setting& s) {
                         std::to_string(s.warmup) + "; val loss over " + std::to_string(s.eval_iters) + " batches)",
                     notes + (lab.on_cpu() ? "peak MiB: the process's RSS high-water mark (on the CPU it only grows from row to row)\n"
                                           : "peak MiB: the most bytes tensors held during the row (CUDA caching allocator)\n"));
+}
+
+// Trains each row of study.rows (or keeps it from the run --resume names): every evaluation into
+// the losses table, and the precision table, also of the rows finished before a Ctrl-C.
+std::vector<RunResult> precision_study(Lab& lab, const Setting& s, const tf8::CharData& data, amplab::StudyProgress& progress) {
+  std::vector<RunResult> rows;
+  auto& losses = lab.results.table("losses", {{"row", ""}, {"step", ""}, {"train_loss", ""}, {"val_loss", ""}});
+  const std::string sample_row = sample_row_of(lab.config.study, s);
+  amplab::run_then_record(
+      [&] {
+        for (const auto& name : lab.config.study.rows) {
+          rows.push_back(study_row(lab, s, data, progress, name, name == sample_row));
+          for (const auto& p : rows.back().curve) losses.add({name, p.step, p.train_loss, p.val_loss});
+        }
+      },
+      [&] { record_precisions(lab, s, rows); });
   return rows;
 }
 
@@ -264,28 +341,22 @@ void attention_study(Lab& lab, Setting s) {
   for (const std::string kind : {"math", "safe", "sdpa"}) {
     lab.phase("attention " + kind);
     s.options.attention = tf8::attention_kind(kind);
-    RunResult r = train_row(v, s, nullptr);
+    RunResult r = train_row(v, s);
     table.add({kind, v.name, r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss});
   }
   lab.results.print("attention", "Attention: your math path, your fp16-safe path, torch's SDPA (" + v.name + ", " +
                                      std::to_string(s.steps) + " steps)");
 }
 
-// sample.txt: generated text from the first of bf16, fp32, fp8, tf32, fp16 that ran.
-void write_sample(Lab& lab, const std::vector<RunResult>& rows, const tf8::CharData& data) {
-  lab.phase("sample");
-  const int64_t tokens = lab.config.study.sample_tokens;
-  for (const std::string name : {"bf16", "fp32", "fp8", "tf32", "fp16"}) {
-    for (RunResult r : rows) {
-      if (r.name != name || !r.model) continue;
-      torch::Tensor prompt = data.encode("\n").view({1, 1}).to(lab.device);
-      std::string text = data.decode(tf8::generate(r.model, prompt, tokens, /*temperature=*/0.8, /*top_k=*/20));
-      std::cout << "\n== A sample from the " << name << " model (" << tokens << " characters, temperature 0.8) ==\n"
-                << text << "\n";
-      if (lab.run.enabled()) amplab::write_file_atomic(lab.run.file("sample.txt"), text + "\n");
-      lab.results.set("sample", {{"row", name}, {"text", text}});
-      return;
-    }
+// sample.txt: the text the sample's row wrote (sample_row_of).
+void write_sample(Lab& lab, const std::vector<RunResult>& rows) {
+  for (const RunResult& r : rows) {
+    if (r.sample.empty()) continue;
+    std::cout << "\n== A sample from the " << r.name << " model (" << lab.config.study.sample_tokens
+              << " characters, temperature 0.8) ==\n" << r.sample << "\n";
+    if (lab.run.enabled()) amplab::write_file_atomic(lab.run.file("sample.txt"), r.sample + "\n");
+    lab.results.set("sample", {{"row", r.name}, {"text", r.sample}});
+    return;
   }
 }
 
@@ -303,24 +374,37 @@ void check_schedule(const LabConfig& config) {
                         std::to_string(o.lr) + ")");
 }
 
+// Keys an interrupted run may change before --resume: where it writes, what it logs, and which
+// rows and sections it runs; every other key changes what a row measures.
+const std::vector<std::string> kKeysFreeOnResume = {"run.out_dir", "run.log_level", "run.gpu_monitor", "run.memory_snapshot",
+                                                    "run.trace", "study.rows", "study.plots", "study.attention_study",
+                                                    "study.fp8_mlp"};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const amplab::LabInfo info{.name = "transformer_fp8",
                              .title = "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
-                             .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer"};
+                             .accepts_resume = true,
+                             .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer",
+                             .resume_help = "go on with an interrupted run: its run directory, or 'latest' (the newest "
+                                            "under run.out_dir); the precision rows it finished are kept, the others run"};
   auto check = [](const LabConfig& config, const amplab::ConfigSource&) -> std::optional<int> {
     check_schedule(config);
-    tf8::CharData::load(config.data.dir);  // before the run directory: a missing text is one line
+    // Before the run directory: a missing, empty, binary or too short text is one line.
+    tf8::CharData::load(config.data.dir).require_context(config.gpt.block_size, "gpt.block_size");
     return std::nullopt;
   };
   return amplab::lab_main<LabConfig>(argc, argv, info, check, [](Lab& lab) {
     const tf8::CharData data = tf8::CharData::load(lab.config.data.dir);
+    amplab::StudyProgress progress(lab.run, lab.config.run, amplab::to_yaml(lab.config), lab.cli.resume, lab.cli.force,
+                                   kKeysFreeOnResume);
+    lab.how_to_go_on = "go on with --resume " + lab.run.path() + " (the precision rows that finished are kept)";
     const Setting s = setting_of(lab, data);
-    const std::vector<RunResult> rows = precision_study(lab, s);
+    const std::vector<RunResult> rows = precision_study(lab, s, data, progress);
     if (lab.config.study.attention_study) attention_study(lab, s);
     if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) tf8::fp8_tables(lab.results, lab.device, [&lab](const std::string& name) { lab.phase(name); });
-    if (lab.config.study.sample_tokens > 0) write_sample(lab, rows, data);
+    write_sample(lab, rows);
     if (lab.config.study.plots) lab.plot_kind = "gpt";
     return amplab::kExitOk;
   });

@@ -143,17 +143,23 @@ class SpeedMlp {
 // Continues `prompt` (1, T0) by `tokens` sampled tokens (temperature, top-k), in eval mode.
 torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t tokens, double temperature, int64_t top_k);
 
-// A text as characters: the vocabulary is the sorted set of characters of the whole text.
+// A UTF-8 text as characters, one token per Unicode code point (as Python's str counts them,
+// nanoGPT's shakespeare_char): the vocabulary is the sorted set of the whole text's characters.
 struct CharData {
-  std::string vocab;  // character of each token id
+  std::u32string vocab;      // the character (code point) of each token id
   torch::Tensor train, val;  // 1-D int64 token ids (CPU)
+  std::string train_source = "the training text", val_source = "the validation text";  // for messages
 
   // The text of `path`/train.txt and val.txt (or, for a file path, that file split 90/10).
-  // Missing files: an amplab::Error naming scripts/fetch-shakespeare.py.
+  // Missing files: an amplab::Error naming scripts/fetch-shakespeare.py; an empty file, or one
+  // that is not UTF-8 text (a binary file): an amplab::Error naming it and data.dir.
   static CharData load(const std::string& path);
   static CharData from_text(const std::string& text, double train_share = 0.9);
-  torch::Tensor encode(const std::string& text) const;  // 1-D int64
-  std::string decode(const torch::Tensor& ids) const;
+  // An amplab::Error naming the split's file when it is too short for one context of `block`
+  // tokens and its next-token target (`block_key`: the config key that sets it).
+  void require_context(int64_t block, const std::string& block_key) const;
+  torch::Tensor encode(const std::string& text) const;  // 1-D int64; an amplab::Error for a character not in the vocabulary
+  std::string decode(const torch::Tensor& ids) const;   // UTF-8, whole characters
   // `batch` random windows of `block` tokens from `split`, inputs and targets (shifted by one),
   // both (batch, block) int64 on `device`.
   std::pair<torch::Tensor, torch::Tensor> batch(const torch::Tensor& split, int64_t batch, int64_t block,

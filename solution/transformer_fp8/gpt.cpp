@@ -214,9 +214,68 @@ std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weig
 
 // ---- Data ---------------------------------------------------------------------------------------
 
+namespace {
+
+// The code points of UTF-8 `text`; an amplab::Error naming `source` for bytes that are not UTF-8
+// or for control characters no text holds (a NUL byte: a binary file).
+std::u32string utf8_characters(const std::string& text, const std::string& source) {
+  std::u32string out;
+  out.reserve(text.size());
+  auto refuse = [&](size_t at, const std::string& what) {
+    throw amplab::Error("data.dir: " + source + " is not UTF-8 text (" + what + " at byte " + std::to_string(at) +
+                        "); point data.dir at a text file, as scripts/fetch-shakespeare.py writes");
+  };
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const int length = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    if (length == 0 || i + static_cast<size_t>(length) > text.size()) refuse(i, "a byte that starts no character");
+    char32_t c = length == 1 ? lead : lead & (0x7F >> length);
+    for (int k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
+      if ((next >> 6) != 0x2) refuse(i, "a character cut short");
+      c = (c << 6) | (next & 0x3F);
+    }
+    static constexpr char32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (c < kSmallest[length] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) refuse(i, "an invalid character");
+    if (c < 0x20 && c != '\n' && c != '\t' && c != '\r' && c != '\f') refuse(i, "a control character, code " + std::to_string(static_cast<uint32_t>(c)));
+    out.push_back(c);
+    i += static_cast<size_t>(length);
+  }
+  return out;
+}
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+// A text file's content, refused by name when it is empty.
+std::string read_text(const std::filesystem::path& file) {
+  std::string text = amplab::read_file(file.string());
+  if (text.empty()) throw amplab::Error("data.dir: " + file.string() + " is empty; a character model needs text to learn from");
+  utf8_characters(text, file.string());  // refused here, by name, when it is not text
+  return text;
+}
+
+}  // namespace
+
 CharData CharData::from_text(const std::string& text, double train_share) {
   CharData data;
-  std::set<char> chars(text.begin(), text.end());
+  const std::u32string characters = utf8_characters(text, "the text");
+  std::set<char32_t> chars(characters.begin(), characters.end());
   data.vocab.assign(chars.begin(), chars.end());
   torch::Tensor ids = data.encode(text);
   const auto cut = static_cast<int64_t>(static_cast<double>(ids.numel()) * train_share);
@@ -228,25 +287,42 @@ CharData CharData::from_text(const std::string& text, double train_share) {
 CharData CharData::load(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path dir = path;
-  if (!fs::exists(dir) && dir.is_relative() && fs::exists(fs::path(amplab::source_dir()) / dir))
+  std::error_code error;
+  if (!fs::exists(dir, error) && dir.is_relative() && fs::exists(fs::path(amplab::source_dir()) / dir, error))
     dir = fs::path(amplab::source_dir()) / dir;
-  if (fs::is_regular_file(dir)) return from_text(amplab::read_file(dir.string()));
-  if (!fs::exists(dir / "train.txt") || !fs::exists(dir / "val.txt"))
+  if (fs::is_regular_file(dir, error)) {
+    CharData data = from_text(read_text(dir));
+    data.train_source = dir.string() + " (its first 90%)";
+    data.val_source = dir.string() + " (its last 10%)";
+    return data;
+  }
+  if (!fs::exists(dir / "train.txt", error) || !fs::exists(dir / "val.txt", error))
     throw amplab::Error("no Shakespeare text in " + path +
                         " (train.txt, val.txt): run '.venv/bin/python scripts/fetch-shakespeare.py' first, or set data.dir");
-  std::string train = amplab::read_file((dir / "train.txt").string()), val = amplab::read_file((dir / "val.txt").string());
+  const std::string train = read_text(dir / "train.txt"), val = read_text(dir / "val.txt");
   CharData data = from_text(train + val);  // the vocabulary of the whole text
   data.train = data.encode(train);
   data.val = data.encode(val);
+  data.train_source = (dir / "train.txt").string();
+  data.val_source = (dir / "val.txt").string();
   return data;
+}
+
+void CharData::require_context(int64_t block, const std::string& block_key) const {
+  for (const auto& [split, source] : {std::pair{&train, &train_source}, std::pair{&val, &val_source}})
+    if (split->numel() < block + 2)  // a window of block + 1 tokens, from one of at least two starts
+      throw amplab::Error("data.dir: " + *source + " has " + std::to_string(split->numel()) +
+                          " characters, too few for one context of " + block_key + " = " + std::to_string(block) +
+                          " (it needs at least " + std::to_string(block + 2) + "); use a longer text or lower " + block_key);
 }
 
 torch::Tensor CharData::encode(const std::string& text) const {
   std::vector<int64_t> ids;
   ids.reserve(text.size());
-  for (char c : text) {
+  for (char32_t c : utf8_characters(text, "the text")) {
     auto at = std::lower_bound(vocab.begin(), vocab.end(), c);
-    if (at == vocab.end() || *at != c) throw amplab::Error("a character outside the vocabulary: code " + std::to_string(int(c)));
+    if (at == vocab.end() || *at != c)
+      throw amplab::Error("a character outside the vocabulary: code point " + std::to_string(static_cast<uint32_t>(c)));
     ids.push_back(at - vocab.begin());
   }
   return torch::tensor(ids, torch::kInt64);
@@ -256,7 +332,7 @@ std::string CharData::decode(const torch::Tensor& ids) const {
   torch::Tensor flat = ids.to(torch::kCPU, torch::kInt64).reshape({-1}).contiguous();
   std::string out;
   const int64_t* id = flat.data_ptr<int64_t>();
-  for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(vocab.at(static_cast<size_t>(id[i])));
+  for (int64_t i = 0; i < flat.numel(); ++i) append_utf8(out, vocab.at(static_cast<size_t>(id[i])));
   return out;
 }
 
