@@ -622,6 +622,260 @@ def signal_cases(bindir, out_root):
     return cases
 
 
+def run_stopped_at(argv, pattern, sig, timeout):
+    """Runs argv in its own session and sends `sig` to its group when a line of its output matches
+    `pattern` (a Ctrl-C at a known moment). Returns (rc or None on timeout, output, whether sent)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True,
+                            errors="replace")
+    lines, sent = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if not sent.is_set() and re.search(pattern, line):
+                sent.set()
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = None
+    reader.join(5)
+    return rc, "".join(lines), sent.is_set()
+
+
+def newest_run(out_dir, lab):
+    runs = sorted(pathlib.Path(out_dir).glob(f"{lab}/2*/"), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None
+
+
+def stopped_well(rc, out, sent, sig, out_dir, lab, cmd):
+    """A run stopped by a signal: 128 + signal, one line saying where it stopped and how to go on,
+    summary.json and report.md written, marked partial unless the work was done."""
+    if rc is None:
+        return "hang", "no exit after the signal", cmd
+    crash = crashed(rc, out, sent=(sig,))
+    if crash or "Traceback" in out:
+        return "crash", crash or "a Python traceback in the output (the plot child died of the signal)", cmd
+    if not sent:
+        return "unclear", "the moment to send the signal never came: " + out.strip()[-200:], cmd
+    if rc != 128 + sig:
+        return "unclear", f"exit {rc}, not {128 + sig}: {out.strip()[-300:]!r}", cmd
+    run_dir = newest_run(out_dir, lab)
+    if run_dir is None or not (run_dir / "summary.json").exists() or not (run_dir / "report.md").exists():
+        return "lost", f"no summary.json or report.md in {run_dir}", cmd
+    summary = json.loads((run_dir / "summary.json").read_text())
+    stopped_lines = [line for line in out.splitlines() if "stopped by" in line or line.startswith("interrupted at")]
+    if not stopped_lines:
+        return "unclear", f"no line says where the run stopped: {out.strip()[-300:]!r}", cmd
+    report = (run_dir / "report.md").read_text()
+    if summary.get("status") == "interrupted" and "partial run" not in report:
+        return "unclear", "report.md of an interrupted run is not marked partial", cmd
+    if summary.get("status") not in ("interrupted", "complete"):
+        return "wrong", f"summary.json's status is {summary.get('status')!r}", cmd
+    return "ok", f"exit {rc}, status {summary.get('status')}: {stopped_lines[-1][:150]}", cmd
+
+
+def stop_cases(bindir, out_root):
+    """Ctrl-C (and SIGTERM) in every lab that runs on the CPU, at a known moment: in a study, while
+    the plots are drawn; then transformer_fp8 resumed row by row ends with the table of a run that
+    was never stopped."""
+    cases = []
+    text = str(ROOT / "tests" / "fixtures" / "shakespeare_tiny.txt")
+    studies = {  # lab: (extra arguments, the line after which the signal comes)
+        "gpu_basics": ([], r"== Memory bandwidth"),
+        "amp_training": ([], r"info\] cnn: "),
+        "memory_optimization": ([], r"sweep: .*batch"),
+        "transformer_fp8": (["--set", f"data.dir={text}", "--set", "study.attention_study=false"], r"bf16 step 50:"),
+        "mnist": (["--set", "mnist.modes=[cpu]", "--set", "train.epochs=1", "--set", "data.train_limit=512",
+                   "--set", "data.test_limit=200", "--set", "mnist.profile_steps=0", "--set", "run.device=cpu"],
+                  r"== Modes"),  # the plots come next
+    }
+    for lab, (extra, pattern) in studies.items():
+        if not (bindir / lab).exists():
+            continue
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            def go(lab=lab, extra=extra, pattern=pattern, sig=sig):
+                out_dir = tempfile.mkdtemp(dir=out_root)
+                cmd = [str(bindir / lab), "--set", f"run.out_dir={out_dir}"] + extra
+                rc, out, sent = run_stopped_at(cmd, pattern, sig, 300)
+                return stopped_well(rc, out, sent, sig, out_dir, lab, " ".join(cmd))
+            when = "while the plots are drawn" if lab == "mnist" else "in a study"
+            cases.append(Case(f"stop/{lab}/{signal.Signals(sig).name} {when}", "stop", go, 330))
+
+    def resumed_row_by_row():
+        binary = bindir / "transformer_fp8"
+        base = [str(binary), "--set", f"data.dir={text}", "--set", "study.attention_study=false",
+                "--set", "study.plots=false", "--set", "run.deterministic=true"]
+        whole_dir, parts_dir = tempfile.mkdtemp(dir=out_root), tempfile.mkdtemp(dir=out_root)
+        rc, out, _ = run(base + ["--set", f"run.out_dir={whole_dir}"], 300)
+        if rc != 0:
+            return "crash", f"the uninterrupted run failed: {out.strip()[-300:]!r}", " ".join(base)
+        cmd = base + ["--set", f"run.out_dir={parts_dir}"]
+        rc, out, sent = run_stopped_at(cmd, r"bf16 step 100:", signal.SIGINT, 300)
+        verdict = stopped_well(rc, out, sent, signal.SIGINT, parts_dir, "transformer_fp8", " ".join(cmd))
+        if verdict[0] != "ok":
+            return verdict
+        resume = cmd + ["--resume", "latest"]
+        rc, out, _ = run(resume, 300)
+        if rc != 0:
+            return "lost", f"the resumed run failed (exit {rc}): {out.strip()[-300:]!r}", " ".join(resume)
+        kept = "fp32: finished by the run in" in out
+        whole, parts = newest_run(whole_dir, "transformer_fp8"), newest_run(parts_dir, "transformer_fp8")
+        columns = lambda run_dir, name: [(r["row"], r["val_loss"]) for r in csv.DictReader(open(run_dir / name))]  # noqa: E731
+        if not kept:
+            return "lost", "the resumed run trained fp32 again instead of keeping it", " ".join(resume)
+        for table in ("precision.csv", "losses.csv"):
+            if columns(whole, table) != columns(parts, table):
+                return "lost", f"{table}: {columns(parts, table)} after the resume, {columns(whole, table)} uninterrupted", \
+                    " ".join(resume)
+        if (whole / "sample.txt").read_text() != (parts / "sample.txt").read_text():
+            return "lost", "sample.txt differs from the uninterrupted run's", " ".join(resume)
+        return "ok", "Ctrl-C in the bf16 row, --resume latest: fp32 kept, the same val losses, curves and sample", " ".join(resume)
+    if (bindir / "transformer_fp8").exists():
+        cases.append(Case("stop/transformer_fp8/Ctrl-C in a row, then --resume latest: the uninterrupted table", "stop",
+                          resumed_row_by_row, 600))
+    return cases
+
+
+def text_cases(bindir, out_root):
+    """transformer_fp8's text: refused up front, by name, when it cannot train; any UTF-8 trains."""
+    binary = bindir / "transformer_fp8"
+    if not binary.exists():
+        return []
+    cases = []
+    shakespeare = (ROOT / "tests" / "fixtures" / "shakespeare_tiny.txt").read_text()
+
+    def staged(train, val=None):
+        where = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        if val is None:
+            (where / "text.txt").write_bytes(train)
+            return where / "text.txt"
+        (where / "train.txt").write_bytes(train)
+        (where / "val.txt").write_bytes(val)
+        return where
+
+    def bad(train, val, names, what):
+        def go():
+            data = staged(train, val)
+            names_here = [n.replace("DATA", str(data)) for n in names]
+            return refused([str(binary), "--set", f"data.dir={data}", "--set", f"run.out_dir={data}/runs"], names_here)
+        cases.append(Case(f"text/{what}", "text", go))
+    body = shakespeare.encode()
+    bad(b"", None, ["DATA", "is empty"], "an empty file")
+    bad(b"A", None, ["gpt.block_size", "DATA"], "one character")
+    bad(body[:100], None, ["gpt.block_size", "DATA"], "100 characters")
+    bad(os.urandom(1 << 20), None, ["DATA", "not UTF-8 text"], "1 MB of random bytes")
+    bad(body, b"", ["DATA/val.txt", "is empty"], "an empty val.txt")
+    bad(body, body[:30], ["DATA/val.txt", "gpt.block_size"], "a val.txt shorter than one context")
+
+    def non_ascii():
+        text = shakespeare.replace("e", "é").replace("o", "ø").replace("a", "аα")  # 2-byte characters everywhere
+        data = staged(text.encode())
+        cmd = [str(binary), "--set", f"data.dir={data}", "--set", f"run.out_dir={data.parent}/runs",
+               "--set", "study.rows=[fp32]", "--set", "study.attention_study=false", "--set", "study.steps=20",
+               "--set", "study.eval_every=10", "--set", "study.plots=false"]
+        rc, out, _ = run(cmd, 300)
+        if rc != 0:
+            return "crash" if crashed(rc, out) else "lost", f"exit {rc}: {out.strip()[-300:]!r}", " ".join(cmd)
+        run_dir = newest_run(data.parent / "runs", "transformer_fp8")
+        sample = (run_dir / "sample.txt").read_bytes().decode("utf-8")  # raises on a character cut in two
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if summary["sample"]["text"] + "\n" != sample or not set(sample) & set("éøаα"):
+            return "wrong", f"the sample is not the model's UTF-8 text: {sample[:80]!r}", " ".join(cmd)
+        return "ok", f"trained on UTF-8 with 2-byte characters; sample {sample[:40]!r}", " ".join(cmd)
+    cases.append(Case("text/UTF-8 with non-ASCII characters trains and writes its sample", "text", non_ascii, 330))
+    return cases
+
+
+def rank_config_cases(bindir, out_root):
+    """Ranks started with different configs are refused at start, naming the key and the ranks."""
+    binary = bindir / "ddp"
+    if not binary.exists():
+        return []
+
+    def different_batch():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out_dir = tempfile.mkdtemp(dir=out_root)
+        procs = []
+        for rank in (0, 1):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+            cmd = [str(binary), "--set", "bench.enabled=true", "--set", "run.device=cpu", "--set", f"run.out_dir={out_dir}",
+                   "--set", f"bench.batch={64 if rank == 0 else 32}"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        results = []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=90)
+                results.append((proc.returncode, out))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return "hang", "ranks with different configs did not stop", "ddp on 2 ranks, bench.batch 64 and 32"
+        for rank, (rc, out) in enumerate(results):
+            verdict = judge_error(rc, out, ["bench.batch", "rank 0", "rank 1"], f"rank {rank}")
+            if verdict[0] != "ok":
+                return verdict
+        return "ok", results[0][1].strip()[-200:], "ddp on 2 ranks, bench.batch 64 and 32"
+    return [Case("ranks/rank 1 started with another bench.batch", "ranks", different_batch, 120)]
+
+
+def out_dir_cases(bindir, out_root):
+    """run.out_dir that is not what it seems; the DDP lab's sizes beyond memory."""
+    if not (bindir / "gpu_basics").exists() or not (bindir / "ddp").exists():
+        return []
+
+    def ddp_too_wide():
+        where = tempfile.mkdtemp(dir=out_root)
+        return refused([str(bindir / "ddp"), "--set", "bench.enabled=true", "--set", "run.device=cpu",
+                        "--set", "bench.width=1000000", "--set", f"run.out_dir={where}"], ["out of CPU memory", "bench.width"])
+
+    def dangling():
+        where = pathlib.Path(tempfile.mkdtemp(dir=out_root))
+        (where / "runs").symlink_to(where / "gone")
+        return refused([str(bindir / "gpu_basics"), "--set", f"run.out_dir={where / 'runs'}"],
+                       ["run.out_dir", "symbolic link", "does not exist"])
+    return [Case("cli/gpu_basics/run.out_dir a dangling symbolic link", "cli", dangling),
+            Case("cli/ddp/bench.width beyond memory names the key", "cli", ddp_too_wide)]
+
+
+def plot_cases(bindir, out_root):
+    """What can go wrong once the work is done: a venv this user cannot look into."""
+    if not (bindir / "gpu_basics").exists():
+        return []
+
+    def venv_unreadable():
+        venv = ROOT / ".venv" / "bin"  # its lib/ (libtorch, which the binaries load) stays readable
+        if os.geteuid() != 0 or not venv.is_dir() or shutil.which("setpriv") is None:
+            return "skipped", "needs root, setpriv and the .venv to run as another user who cannot read it", ""
+        out_dir = tempfile.mkdtemp(prefix="amplab-sweep-other-user-")  # the sweep's own is root's alone
+        os.chmod(out_dir, 0o777)
+        mode = venv.stat().st_mode & 0o7777
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(bindir / "gpu_basics"),
+               "--set", f"run.out_dir={out_dir}", "--set", "bench.matmul_sizes=[64]", "--set", "bench.copy_mib=1"]
+        try:
+            os.chmod(venv, 0o700)  # root's own: the other user cannot even stat .venv/bin/python
+            rc, out, _ = run(cmd, 120)
+        finally:
+            os.chmod(venv, mode)
+        run_dir = newest_run(out_dir, "gpu_basics")
+        kept = run_dir is not None and (run_dir / "report.md").exists()
+        shutil.rmtree(out_dir, ignore_errors=True)
+        if rc != 0 or not kept:
+            return "lost", f"exit {rc}, report.md missing: {out.strip()[-300:]!r}", " ".join(cmd)
+        said = [line for line in out.splitlines() if "plots skipped" in line] or [""]
+        return "ok", "finished with its report; " + said[0][:160], " ".join(cmd)
+    return [Case("plots/a .venv the user cannot read: the run keeps its report", "plots", venv_unreadable, 150)]
+
+
 def resumed_like_baseline(bindir, out_root, out_dir, cmd, what):
     """--resume auto after `what`; the verdict of comparing its last epoch with the uninterrupted run's."""
     expected, where = baseline(bindir, out_root)
@@ -1068,7 +1322,7 @@ def main():
     cases = []
     for make in (config_cases, yaml_cases, cli_cases, special_file_cases, surprise_cases, data_cases, checkpoint_cases,
                  signal_cases, terminal_cases, clock_cases, profile_cases, resume_cases, divergence_cases, disk_full_cases,
-                 dead_rank_cases):
+                 dead_rank_cases, stop_cases, text_cases, rank_config_cases, out_dir_cases, plot_cases):
         cases += make(bindir, out_root)
     wanted = [w for w in args.only.split(",") if w] or [""]
     cases = [c for c in cases if any(w in c.name for w in wanted)]
