@@ -89,6 +89,47 @@ TEST(Checkpoint, RoundTripRestoresEverything) {
     EXPECT_TRUE(test::tensors_equal(b.model->parameters()[i], a.model->parameters()[i]));
 }
 
+// The format, version by version. tests/fixtures/checkpoint_v1.ckpt was written by version 1's
+// save_checkpoint (before each entry had one description): a Toy of width 3 trained 3 steps from
+// seed 1, at info_at(3) with samples 48, world size 1, meta_loop '{"epochs": []}' and meta_extra
+// '{"kept": true}'.
+const std::string kVersion1File = std::string(AMPLAB_SOURCE_DIR) + "/tests/fixtures/checkpoint_v1.ckpt";
+
+TEST(CheckpointFormat, AFileOfVersion1StillLoads) {
+  torch::manual_seed(1);
+  Toy expected(3);
+  expected.train(3);
+  Toy loaded(3);
+  auto state = loaded.state();
+  const CheckpointInfo info = load_checkpoint(kVersion1File, state, "toy");
+  EXPECT_EQ(info.format_version, 1u);
+  EXPECT_EQ(info.position.global_step, 3);
+  EXPECT_EQ(info.position.data_seed, 9u);
+  EXPECT_EQ(info.position.samples, 48);
+  EXPECT_EQ(info.loop_json, "{\"epochs\": []}");
+  EXPECT_EQ(info.extra_json, "{\"kept\": true}");
+  for (size_t i = 0; i < expected.model->parameters().size(); ++i)  // close: the fixture came from another CPU
+    EXPECT_TRUE(test::tensors_close(loaded.model->parameters()[i], expected.model->parameters()[i], 1e-5, 1e-7));
+  EXPECT_EQ(loaded.scaler.growth_tracker(), 3);
+}
+
+TEST(CheckpointFormat, TodaysFilesCarryTodaysVersionInHeaderAndArchive) {
+  test::TempDir dir;
+  Toy toy;
+  save_checkpoint(dir.file("now.ckpt"), toy.state(), info_at(1));
+  EXPECT_EQ(read_checkpoint_info(dir.file("now.ckpt")).format_version, kCheckpointFormatVersion);
+  EXPECT_EQ(read_file(dir.file("now.ckpt"))[8], static_cast<char>(kCheckpointFormatVersion));
+}
+
+TEST(CheckpointFormat, AnArchiveOfAnotherVersionThanItsHeaderIsRefusedByName) {
+  test::TempDir dir;
+  std::string bytes = read_file(kVersion1File);
+  bytes[8] = 2;  // the header now claims version 2 over a version 1 archive (the checksum covers the archive only)
+  const std::string path = dir.write("pieced.ckpt", bytes);
+  EXPECT_TRUE(test::throws_with([&] { read_checkpoint_info(path); },
+                                {path, "inconsistent", "header says format version 2", "its archive 1"}));
+}
+
 class CorruptCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -132,7 +173,7 @@ TEST_F(CorruptCheckpoint, WrongFormat) {
 TEST_F(CorruptCheckpoint, WrongVersion) {
   std::string newer = bytes_;
   newer[8] = 7;  // format version field
-  expect_rejected(newer, {"format version 7", "this build reads version 1", "newer amplab"});
+  expect_rejected(newer, {"format version 7", "this build reads versions 1 to 2", "newer amplab"});
 }
 
 TEST_F(CorruptCheckpoint, WrongModelNamesTheFirstMismatchingTensor) {

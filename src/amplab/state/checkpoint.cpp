@@ -73,7 +73,7 @@ std::vector<std::pair<std::string, torch::Tensor>> model_tensors(const torch::nn
   return out;
 }
 
-int cuda_generator_count() {
+int64_t cuda_generator_count() {
 #ifdef AMPLAB_WITH_CUDA
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 #else
@@ -95,9 +95,10 @@ std::string read_checkpoint_bytes(const std::string& path, uint32_t& version, ui
   version = static_cast<uint32_t>(get_le(header, 8, 4));
   uint64_t length = get_le(header, 12, 8);
   crc = static_cast<uint32_t>(get_le(header, 20, 4));
-  if (version != kCheckpointFormatVersion)
-    throw Error("checkpoint '" + path + "' has format version " + std::to_string(version) + "; this build reads version " +
-                std::to_string(kCheckpointFormatVersion) + (version > kCheckpointFormatVersion ? " (written by a newer amplab)" : ""));
+  if (version < kOldestReadableCheckpointVersion || version > kCheckpointFormatVersion)
+    throw Error("checkpoint '" + path + "' has format version " + std::to_string(version) + "; this build reads versions " +
+                std::to_string(kOldestReadableCheckpointVersion) + " to " + std::to_string(kCheckpointFormatVersion) +
+                (version > kCheckpointFormatVersion ? " (written by a newer amplab)" : ""));
   std::error_code ec;
   uint64_t actual = fs::file_size(path, ec) - kHeaderSize;
   if (ec || actual != length)
@@ -111,9 +112,9 @@ std::string read_checkpoint_bytes(const std::string& path, uint32_t& version, ui
   return payload;
 }
 
-// Verifies the file: header, length, checksum, version. Returns the payload.
-std::string verified_payload(const std::string& path) {
-  uint32_t version = 0, crc = 0;
+// Verifies the file: header, length, checksum, version. Returns the payload and the header's version.
+std::string verified_payload(const std::string& path, uint32_t& version) {
+  uint32_t crc = 0;
   std::string payload = read_checkpoint_bytes(path, version, crc);
   uint32_t computed = crc32_of(payload);
   if (computed != crc)
@@ -122,33 +123,91 @@ std::string verified_payload(const std::string& path) {
   return payload;
 }
 
-template <class T>
-T read_scalar(torch::serialize::InputArchive& archive, const std::string& key, const std::string& path) {
-  c10::IValue value;
-  if (!archive.try_read(key, value)) throw Error("checkpoint '" + path + "' lacks '" + key + "'");
-  if constexpr (std::is_same_v<T, std::string>) return value.toStringRef();
-  else if constexpr (std::is_same_v<T, double>) return value.toDouble();
-  else if constexpr (std::is_same_v<T, bool>) return value.toBool();
-  else return static_cast<T>(value.toInt());
-}
+// The archive's entries that are not the model, the optimizer's own archive or the RNG states'
+// tensors: the version, then what the rest of the file must be checked against.
+constexpr const char* kFormatVersionKey = "meta_format_version";
+struct StateShape {
+  std::string model_names;  // "param:fc.weight\nbuffer:norm.running_mean\n...", in model_tensors' order
+  std::string optimizer_kind;
+  int64_t optimizer_parameters = 0;
+  bool scaler_enabled = false;
+  int64_t rng_cuda_count = 0;
 
-CheckpointInfo read_info(torch::serialize::InputArchive& archive, const std::string& path) {
+  template <class V>
+  void fields(V& v) {
+    v.entry("model_names", model_names);
+    v.entry("optimizer_kind", optimizer_kind);
+    v.entry("optimizer_parameters", optimizer_parameters);
+    v.entry("scaler_enabled", scaler_enabled);
+    v.entry("rng_cuda_count", rng_cuda_count);
+  }
+};
+// The loss scaler's state, written when it is enabled.
+template <class V>
+void scaler_fields(V& v, GradScalerState& s) {
+  v.entry("scaler_scale", s.scale);
+  v.entry("scaler_growth_factor", s.growth_factor);
+  v.entry("scaler_backoff_factor", s.backoff_factor);
+  v.entry("scaler_growth_interval", s.growth_interval);
+  v.entry("scaler_growth_tracker", s.growth_tracker);
+}
+// The tensors and nested archives, numbered where there are several.
+std::string model_tensor_key(size_t i) { return "model_t" + std::to_string(i); }
+std::string cuda_rng_key(int64_t i) { return "rng_cuda" + std::to_string(i); }
+constexpr const char* kOptimizerStateKey = "optimizer_state";
+constexpr const char* kCpuRngKey = "rng_cpu";
+
+// Writes each entry a fields() list names.
+class EntryWriter {
+ public:
+  explicit EntryWriter(torch::serialize::OutputArchive& archive) : archive_(archive) {}
+  template <class T>
+  void entry(const char* key, const T& value, uint32_t /*since*/ = 1) {
+    if constexpr (std::is_same_v<T, uint64_t>) archive_.write(key, c10::IValue(static_cast<int64_t>(value)));
+    else archive_.write(key, c10::IValue(value));
+  }
+
+ private:
+  torch::serialize::OutputArchive& archive_;
+};
+
+// Reads each entry a fields() list names: a missing entry is an error naming it, unless the
+// file's version is older than the one that added it (the field keeps its default).
+class EntryReader {
+ public:
+  EntryReader(torch::serialize::InputArchive& archive, std::string path, uint32_t version)
+      : archive_(archive), path_(std::move(path)), version_(version) {}
+  template <class T>
+  void entry(const char* key, T& value, uint32_t since = 1) {
+    c10::IValue read;
+    if (!archive_.try_read(key, read)) {
+      if (version_ < since) return;
+      throw Error("checkpoint '" + path_ + "' lacks '" + key + "'");
+    }
+    if constexpr (std::is_same_v<T, std::string>) value = read.toStringRef();
+    else if constexpr (std::is_same_v<T, double>) value = read.toDouble();
+    else if constexpr (std::is_same_v<T, bool>) value = read.toBool();
+    else value = static_cast<T>(read.toInt());
+  }
+
+ private:
+  torch::serialize::InputArchive& archive_;
+  std::string path_;
+  uint32_t version_;
+};
+
+// The metadata, after checking that the archive's version is the header's.
+CheckpointInfo read_info(torch::serialize::InputArchive& archive, const std::string& path, uint32_t header_version) {
   CheckpointInfo info;
-  info.format_version = read_scalar<uint32_t>(archive, "meta_format_version", path);
-  info.torch_version = read_scalar<std::string>(archive, "meta_torch_version", path);
-  info.lab = read_scalar<std::string>(archive, "meta_lab", path);
-  info.tag = read_scalar<std::string>(archive, "meta_tag", path);
-  info.config_yaml = read_scalar<std::string>(archive, "meta_config", path);
-  info.extra_json = read_scalar<std::string>(archive, "meta_extra", path);
-  info.position.epoch = read_scalar<int64_t>(archive, "position_epoch", path);
-  info.position.next_batch = read_scalar<int64_t>(archive, "position_next_batch", path);
-  info.position.global_step = read_scalar<int64_t>(archive, "position_global_step", path);
-  info.position.data_seed = static_cast<uint64_t>(read_scalar<int64_t>(archive, "position_data_seed", path));
-  // Written since the position is counted in samples; older files lack them (0: derived on resume).
-  c10::IValue value;
-  if (archive.try_read("position_samples", value)) info.position.samples = value.toInt();
-  if (archive.try_read("position_world_size", value)) info.position.world_size = value.toInt();
-  if (archive.try_read("meta_loop", value)) info.loop_json = value.toStringRef();
+  EntryReader reader(archive, path, header_version);
+  int64_t archive_version = 0;
+  reader.entry(kFormatVersionKey, archive_version);
+  if (archive_version != header_version)
+    throw Error("checkpoint '" + path + "' is inconsistent: its header says format version " +
+                std::to_string(header_version) + ", its archive " + std::to_string(archive_version) +
+                " (pieced together from two files?); use another checkpoint");
+  info.format_version = header_version;
+  info.fields(reader);
   return info;
 }
 
@@ -164,17 +223,17 @@ torch::serialize::InputArchive open_archive(const std::string& payload, const st
 }
 
 // The checkpoint's model tensors, verified against the model's: the same names, shapes and dtypes.
-std::vector<torch::Tensor> stored_model_tensors(torch::serialize::InputArchive& archive,
+std::vector<torch::Tensor> stored_model_tensors(torch::serialize::InputArchive& archive, const StateShape& shape,
                                                 const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                                                 const std::string& path) {
   std::vector<std::string> stored_names;
   {
-    std::istringstream in(read_scalar<std::string>(archive, "model_names", path));
+    std::istringstream in(shape.model_names);
     for (std::string line; std::getline(in, line);) stored_names.push_back(line);
   }
   std::vector<torch::Tensor> stored(stored_names.size());
   for (size_t i = 0; i < stored_names.size(); ++i) {
-    if (!archive.try_read("model_t" + std::to_string(i), stored[i], /*is_buffer=*/true))
+    if (!archive.try_read(model_tensor_key(i), stored[i], /*is_buffer=*/true))
       throw Error("checkpoint '" + path + "' lacks tensor '" + stored_names[i] + "'");
   }
   for (size_t i = 0; i < std::max(tensors.size(), stored_names.size()); ++i) {
@@ -200,51 +259,35 @@ std::vector<torch::Tensor> stored_model_tensors(torch::serialize::InputArchive& 
 
 std::string serialize_checkpoint(const TrainingState& state, const CheckpointInfo& info) {
   torch::serialize::OutputArchive archive;
-  archive.write("meta_format_version", c10::IValue(static_cast<int64_t>(kCheckpointFormatVersion)));
-  archive.write("meta_torch_version", c10::IValue(std::string(TORCH_VERSION)));
-  archive.write("meta_lab", c10::IValue(info.lab));
-  archive.write("meta_tag", c10::IValue(info.tag));
-  archive.write("meta_config", c10::IValue(info.config_yaml));
-  archive.write("meta_extra", c10::IValue(info.extra_json));
-  archive.write("position_epoch", c10::IValue(info.position.epoch));
-  archive.write("position_next_batch", c10::IValue(info.position.next_batch));
-  archive.write("position_global_step", c10::IValue(info.position.global_step));
-  archive.write("position_data_seed", c10::IValue(static_cast<int64_t>(info.position.data_seed)));
-  archive.write("position_samples", c10::IValue(info.position.samples));
-  archive.write("position_world_size", c10::IValue(info.position.world_size));
-  archive.write("meta_loop", c10::IValue(info.loop_json));
+  EntryWriter writer(archive);
+  writer.entry(kFormatVersionKey, static_cast<int64_t>(kCheckpointFormatVersion));
+  CheckpointInfo written = info;
+  written.torch_version = TORCH_VERSION;
+  written.fields(writer);
 
   // Model: a list of names, then each tensor (moved to the CPU so that a checkpoint written on a
   // GPU loads anywhere).
-  auto tensors = model_tensors(state.model);
-  std::string names;
-  for (const auto& [name, t] : tensors) names += name + "\n";
-  archive.write("model_names", c10::IValue(names));
+  const auto tensors = model_tensors(state.model);
+  StateShape shape{.optimizer_kind = optimizer_kind(state.optimizer),
+                   .optimizer_parameters = parameter_count(state.optimizer),
+                   .scaler_enabled = state.scaler.is_enabled(),
+                   .rng_cuda_count = cuda_generator_count()};
+  for (const auto& [name, t] : tensors) shape.model_names += name + "\n";
+  shape.fields(writer);
   for (size_t i = 0; i < tensors.size(); ++i)
-    archive.write("model_t" + std::to_string(i), tensors[i].second.detach().cpu(), /*is_buffer=*/true);
-
-  archive.write("optimizer_kind", c10::IValue(std::string(optimizer_kind(state.optimizer))));
-  archive.write("optimizer_parameters", c10::IValue(parameter_count(state.optimizer)));
+    archive.write(model_tensor_key(i), tensors[i].second.detach().cpu(), /*is_buffer=*/true);
   torch::serialize::OutputArchive optimizer_archive;
   state.optimizer.save(optimizer_archive);
-  archive.write("optimizer_state", optimizer_archive);
-
-  archive.write("scaler_enabled", c10::IValue(state.scaler.is_enabled()));
-  if (state.scaler.is_enabled()) {
-    GradScalerState s = state.scaler.state();
-    archive.write("scaler_scale", c10::IValue(s.scale));
-    archive.write("scaler_growth_factor", c10::IValue(s.growth_factor));
-    archive.write("scaler_backoff_factor", c10::IValue(s.backoff_factor));
-    archive.write("scaler_growth_interval", c10::IValue(s.growth_interval));
-    archive.write("scaler_growth_tracker", c10::IValue(s.growth_tracker));
+  archive.write(kOptimizerStateKey, optimizer_archive);
+  if (shape.scaler_enabled) {
+    GradScalerState scaler = state.scaler.state();
+    scaler_fields(writer, scaler);
   }
-
-  archive.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state(), true);
-  int cuda_count = cuda_generator_count();
-  archive.write("rng_cuda_count", c10::IValue(static_cast<int64_t>(cuda_count)));
+  archive.write(kCpuRngKey, at::detail::getDefaultCPUGenerator().get_state(), true);
 #ifdef AMPLAB_WITH_CUDA
-  for (int i = 0; i < cuda_count; ++i)
-    archive.write("rng_cuda" + std::to_string(i), at::cuda::detail::getDefaultCUDAGenerator(i).get_state(), true);
+  for (int64_t i = 0; i < shape.rng_cuda_count; ++i)
+    archive.write(cuda_rng_key(i), at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(i)).get_state(),
+                  true);
 #endif
 
   std::ostringstream body;
@@ -262,9 +305,10 @@ void save_checkpoint(const std::string& path, const TrainingState& state, const 
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
-  std::string payload = verified_payload(path);
+  uint32_t version = 0;
+  std::string payload = verified_payload(path, version);
   auto archive = open_archive(payload, path);
-  return read_info(archive, path);
+  return read_info(archive, path, version);
 }
 
 void check_checkpoint_lab(const CheckpointInfo& info, const std::string& path, const std::string& expected_lab) {
@@ -275,40 +319,36 @@ void check_checkpoint_lab(const CheckpointInfo& info, const std::string& path, c
 
 CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, const std::string& expected_lab,
                                bool restore_rng) {
-  std::string payload = verified_payload(path);
+  uint32_t version = 0;
+  std::string payload = verified_payload(path, version);
   auto archive = open_archive(payload, path);
-  CheckpointInfo info = read_info(archive, path);
+  CheckpointInfo info = read_info(archive, path, version);
   check_checkpoint_lab(info, path, expected_lab);
   if (info.torch_version != TORCH_VERSION)
     log::warn("checkpoint '" + path + "' was written with torch " + info.torch_version + ", this is " + TORCH_VERSION);
 
   // 1. Verify: every model tensor present with the same name and shape, same optimizer kind.
+  EntryReader reader(archive, path, version);
+  StateShape shape;
+  shape.fields(reader);
   auto tensors = model_tensors(state.model);
-  std::vector<torch::Tensor> stored = stored_model_tensors(archive, tensors, path);
-  std::string kind = read_scalar<std::string>(archive, "optimizer_kind", path);
-  if (kind != optimizer_kind(state.optimizer))
-    throw Error("checkpoint '" + path + "' holds " + kind + " optimizer state; this run uses " +
+  std::vector<torch::Tensor> stored = stored_model_tensors(archive, shape, tensors, path);
+  if (shape.optimizer_kind != optimizer_kind(state.optimizer))
+    throw Error("checkpoint '" + path + "' holds " + shape.optimizer_kind + " optimizer state; this run uses " +
                 optimizer_kind(state.optimizer) + " (train.optimizer.name)");
-  if (read_scalar<int64_t>(archive, "optimizer_parameters", path) != parameter_count(state.optimizer))
+  if (shape.optimizer_parameters != parameter_count(state.optimizer))
     throw Error("checkpoint '" + path + "' holds optimizer state for a different number of parameters");
-  bool scaler_enabled = read_scalar<bool>(archive, "scaler_enabled", path);
   GradScalerState scaler_state;
-  if (scaler_enabled) {
-    scaler_state.scale = read_scalar<double>(archive, "scaler_scale", path);
-    scaler_state.growth_factor = read_scalar<double>(archive, "scaler_growth_factor", path);
-    scaler_state.backoff_factor = read_scalar<double>(archive, "scaler_backoff_factor", path);
-    scaler_state.growth_interval = read_scalar<int64_t>(archive, "scaler_growth_interval", path);
-    scaler_state.growth_tracker = read_scalar<int64_t>(archive, "scaler_growth_tracker", path);
-  }
+  if (shape.scaler_enabled) scaler_fields(reader, scaler_state);
   torch::Tensor cpu_rng;
-  if (!archive.try_read("rng_cpu", cpu_rng, true)) throw Error("checkpoint '" + path + "' lacks the CPU RNG state");
-  int64_t cuda_count = read_scalar<int64_t>(archive, "rng_cuda_count", path);
-  std::vector<torch::Tensor> cuda_rng(static_cast<size_t>(cuda_count));
-  for (int64_t i = 0; i < cuda_count; ++i)
-    if (!archive.try_read("rng_cuda" + std::to_string(i), cuda_rng[static_cast<size_t>(i)], true))
+  if (!archive.try_read(kCpuRngKey, cpu_rng, true)) throw Error("checkpoint '" + path + "' lacks the CPU RNG state");
+  std::vector<torch::Tensor> cuda_rng(static_cast<size_t>(shape.rng_cuda_count));
+  for (int64_t i = 0; i < shape.rng_cuda_count; ++i)
+    if (!archive.try_read(cuda_rng_key(i), cuda_rng[static_cast<size_t>(i)], true))
       throw Error("checkpoint '" + path + "' lacks the RNG state of cuda:" + std::to_string(i));
   torch::serialize::InputArchive optimizer_archive;
-  if (!archive.try_read("optimizer_state", optimizer_archive)) throw Error("checkpoint '" + path + "' lacks the optimizer state");
+  if (!archive.try_read(kOptimizerStateKey, optimizer_archive))
+    throw Error("checkpoint '" + path + "' lacks the optimizer state");
 
   // 2. Restore. The checks above guarantee that nothing below meets a missing or mismatched entry.
   {
@@ -316,12 +356,12 @@ CheckpointInfo load_checkpoint(const std::string& path, TrainingState& state, co
     for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(stored[i]);
   }
   state.optimizer.load(optimizer_archive);
-  if (scaler_enabled) state.scaler.load_state(scaler_state);
+  if (shape.scaler_enabled) state.scaler.load_state(scaler_state);
   if (restore_rng) {
     at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
     cpu_generator.set_state(cpu_rng);
 #ifdef AMPLAB_WITH_CUDA
-    for (int64_t i = 0; i < std::min<int64_t>(cuda_count, cuda_generator_count()); ++i)
+    for (int64_t i = 0; i < std::min<int64_t>(shape.rng_cuda_count, cuda_generator_count()); ++i)
     {
       at::Generator cuda_generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(i));
       cuda_generator.set_state(cuda_rng[static_cast<size_t>(i)]);

@@ -22,7 +22,15 @@
 
 namespace amplab {
 
-constexpr uint32_t kCheckpointFormatVersion = 1;
+// The format's version, in the header and in the archive (both must agree). Every change to the
+// entries a checkpoint holds bumps it: a new entry, a removed or renamed one, a changed type or
+// meaning. A build reads its own version and each older one whose entries it still describes (an
+// entry added in version N says `since N`, and a file older than N may lack it); any other
+// version is refused by name. The versions:
+//   1  the first format (position_samples, position_world_size and meta_loop came late in it)
+//   2  every entry described once (the fields() below); the archive's own version is checked
+constexpr uint32_t kCheckpointFormatVersion = 2;
+constexpr uint32_t kOldestReadableCheckpointVersion = 1;
 
 struct CheckpointConfig {
   std::string dir = "";          // "" = <run.out_dir>/<lab>/checkpoints (shared by the lab's runs)
@@ -53,6 +61,18 @@ struct TrainingPosition {
   // batch size and world size: the position survives a change of either (--force).
   int64_t samples = 0;
   int64_t world_size = 1;   // processes that trained it
+
+  // Each entry once: its key in the archive and the version that added it (checkpoint.cpp's
+  // writer and reader both walk this list).
+  template <class V>
+  void fields(V& v) {
+    v.entry("position_epoch", epoch);
+    v.entry("position_next_batch", next_batch);
+    v.entry("position_global_step", global_step);
+    v.entry("position_data_seed", data_seed);
+    v.entry("position_samples", samples, /*since=*/2);
+    v.entry("position_world_size", world_size, /*since=*/2);
+  }
 };
 
 // Everything a checkpoint captures, by reference.
@@ -71,6 +91,17 @@ struct CheckpointInfo {
   std::string extra_json;   // lab-specific state
   std::string loop_json;    // the training loop's own state (loop.cpp): finished epochs, running sums
   TrainingPosition position;
+
+  template <class V>
+  void fields(V& v) {  // format_version is the archive's first entry, read before these
+    v.entry("meta_torch_version", torch_version);
+    v.entry("meta_lab", lab);
+    v.entry("meta_tag", tag);
+    v.entry("meta_config", config_yaml);
+    v.entry("meta_extra", extra_json);
+    v.entry("meta_loop", loop_json, /*since=*/2);
+    position.fields(v);
+  }
 };
 
 std::string serialize_checkpoint(const TrainingState& state, const CheckpointInfo& info);
