@@ -232,8 +232,7 @@ void record_overflow_trace(AmpLab& lab, uint64_t seed) {
     auto loss = torch::nn::functional::cross_entropy(net->forward(b.input), b.target);
     return overflow ? loss * 1e38 : loss;  // finite in fp32; inf once multiplied by the loss scale
   };
-  amplab::TrainConfig train{.precision = precision, .loss_scaling = "on", .fast_path = lab.config.train.fast_path,
-                            .optimizer = lab.config.train.optimizer, .grad_scaler = lab.config.train.grad_scaler};
+  amplab::TrainConfig train = lab.config.train.for_row(precision, "on");
   train.grad_scaler.growth_interval = c.growth_interval;
   amplab::Trainer training(net, loss_fn, train, lab.device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
   const auto parameters = training.parameters();

@@ -140,13 +140,7 @@ RunResult train_row(const Variant& v, const Setting& s) {
   tf8::Gpt model = r.model = tf8::Gpt(options);
   model->to(s.device);
   torch::manual_seed(s.seed);  // batches and dropout from here, as in the Python reference
-  amplab::TrainConfig train;
-  train.precision = v.precision;
-  train.loss_scaling = v.scaler ? "auto" : "off";
-  train.grad_clip_norm = s.train.grad_clip_norm;
-  train.fast_path = s.train.fast_path;
-  train.optimizer = s.train.optimizer;
-  train.grad_scaler = s.train.grad_scaler;
+  const amplab::TrainConfig train = s.train.for_row(v.precision, v.scaler ? "auto" : "off");
   amplab::MemoryConfig untracked;
   untracked.track = false;
   amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },

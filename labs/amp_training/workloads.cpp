@@ -78,10 +78,7 @@ PrecisionResult run_precision(Workload& w, amplab::Precision precision, bool wit
   r.precision = precision;
   r.loss_scaling = with_scaler && amplab::needs_loss_scaling(precision);
   if (!amplab::is_supported(precision, device, &r.skipped_because)) return r;
-  const auto& settings = config.train;
-  const amplab::TrainConfig train{.precision = precision, .loss_scaling = with_scaler ? "auto" : "off",
-                                  .grad_clip_norm = settings.grad_clip_norm, .fast_path = settings.fast_path,
-                                  .optimizer = settings.optimizer, .grad_scaler = settings.grad_scaler};
+  const amplab::TrainConfig train = config.train.for_row(precision, with_scaler ? "auto" : "off");
   w.reset();
   const auto& bench = config.amp.bench;
   {

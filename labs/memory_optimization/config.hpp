@@ -9,6 +9,7 @@
 #include "amplab/report/run_dir.hpp"
 #include "amplab/train/loss_scaler.hpp"
 #include "amplab/train/precision.hpp"
+#include "amplab/train/step_settings.hpp"
 #include "amplab/train/trainer.hpp"
 #include "memory_optimization.hpp"
 
@@ -138,18 +139,9 @@ struct MemLabConfig {
     v.section("leak", leak);
   }
 };
-// What the training step needs from the trainer config (precision is set per row).
-struct StepSettings {
-  amplab::OptimizerConfig optimizer;
-  amplab::GradScalerConfig grad_scaler;
-  template <class V> void fields(V& v) {
-    v.section("optimizer", optimizer);
-    v.section("grad_scaler", grad_scaler);
-  }
-};
 struct LabConfig {
   amplab::RunConfig run;
-  StepSettings train;
+  amplab::StepSettings train;  // precision is set per row
   MemLabConfig mem;
   template <class V> void fields(V& v) {
     v.section("run", run);

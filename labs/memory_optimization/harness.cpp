@@ -26,8 +26,8 @@ Harness::Harness(const LabConfig& config, torch::Device device)
 }
 
 amplab::Trainer Harness::trainer(Precision precision, bool track) const {
-  amplab::TrainConfig t{.precision = precision, .progress = false, .optimizer = config.train.optimizer,
-                        .grad_scaler = config.train.grad_scaler};
+  amplab::TrainConfig t = config.train.for_row(precision, "auto");
+  t.progress = false;
   amplab::MemoryConfig memory;
   memory.track = track;
   return amplab::Trainer(model.ptr(), [m = model](const amplab::Batch& b) mutable { return loss_of(m, b); }, t, device,
