@@ -55,10 +55,13 @@ class GradScaler final : public amplab::LossScaler {
   struct OptimizerState {
     Stage stage = Stage::ready;
     torch::Tensor found_inf;  // 0-dim float32 on the scale's device: 1 when a gradient was inf/NaN
+    bool on_device = false;   // stepped by step_on_device (the stretch)
   };
 
-  // TODO(amp_training-9), the stretch: step() of a fused optimizer without a host sync.
+  // TODO(amp_training-9), the stretch: step() of a fused optimizer without a host sync, and the
+  // scale's update in one kernel when every optimizer stepped that way.
   void step_on_device(torch::optim::Optimizer& optimizer, amplab::FusedOptimizer& fused);
+  void update_on_device(const torch::Tensor& found_inf);
 
   bool enabled_;
   double init_scale_;

@@ -64,8 +64,11 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
 // To match PyTorch to the bit: multiply by the inverse 1/S computed in float64 and rounded to
 // float32 (not a float32 division), and look at the gradient before it is multiplied.
 // Pitfall: no .item() here. The flag stays on the device; step() decides.
-// (A first version may check and divide each gradient with a few tensor ops; the fused
-// kernel PyTorch uses for this is the stretch's business.)
+// Write it with tensor ops: whether a gradient is all finite is a reduction that stays on the
+// device, and folding each into found_inf needs no branch on the host. A model has tens or
+// hundreds of gradients: the foreach ops (torch::_foreach_mul_, torch::_foreach_norm) take a list
+// of tensors of one dtype in one launch, where a loop launches a few kernels per gradient. The
+// largest magnitude of a gradient (its inf-norm) is inf or NaN exactly when the gradient holds one.
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // BEGIN SOLUTION
   if (!enabled_) return;
@@ -79,7 +82,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   torch::Tensor found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(scale_.device()));
   // 1/S as PyTorch computes it: in float64, then rounded to float32.
   torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
-  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;  // one fused launch per dtype
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;  // a foreach op takes one dtype
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
@@ -89,7 +92,11 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       by_dtype[param.grad().scalar_type()].push_back(param.grad());
     }
   }
-  for (auto& [dtype, grads] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  for (auto& [dtype, grads] : by_dtype) {
+    const torch::Tensor largest = torch::stack(at::_foreach_norm(grads, INFINITY));  // before dividing
+    found_inf = torch::maximum(found_inf, largest.isfinite().all().logical_not().to(torch::kFloat32));
+    at::_foreach_mul_(grads, inv_scale);
+  }
   state.found_inf = found_inf;
   state.stage = Stage::unscaled;
   // END SOLUTION
@@ -143,6 +150,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
 // scale(), and when no optimizer recorded a found_inf since the last update().
 // To match PyTorch to the bit, multiply in float64 and round the product to float32.
 // Pitfall: stay on the device (tensor ops, no .item()): a CUDA graph replays this every step.
+// torch::where(condition, a, b) chooses between two results on the device, with no branch on
+// the host: compute both candidates, then pick.
 void GradScaler::update() {
   // BEGIN SOLUTION
   if (!enabled_) return;
@@ -155,7 +164,21 @@ void GradScaler::update() {
     found_inf = found_inf.defined() ? found_inf + here : here;
   }
   if (!found_inf.defined()) throw amplab::Error("GradScaler: no inf checks were recorded prior to update()");
-  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, growth_factor_, backoff_factor_, growth_interval_);
+  bool all_on_device = true;
+  for (const auto& [optimizer, state] : per_optimizer_) all_on_device = all_on_device && state.on_device;
+  if (all_on_device) {
+    update_on_device(found_inf);  // the stretch's one kernel: what a CUDA graph of the fast path replays
+  } else {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor overflow = found_inf.ne(0);
+    const torch::Tensor scale64 = scale_.to(torch::kFloat64);
+    const torch::Tensor backed_off = (scale64 * backoff_factor_).to(torch::kFloat32);
+    const torch::Tensor grown = (scale64 * growth_factor_).to(torch::kFloat32);
+    const torch::Tensor clean = growth_tracker_ + 1;
+    const torch::Tensor grows = clean.eq(growth_interval_).logical_and(overflow.logical_not());
+    scale_.copy_(torch::where(overflow, backed_off, torch::where(grows.logical_and(grown.isfinite()), grown, scale_)));
+    growth_tracker_.copy_(torch::where(overflow.logical_or(grows), torch::zeros_like(clean), clean));
+  }
   per_optimizer_.clear();
   // END SOLUTION
 }
@@ -206,7 +229,8 @@ bool GradScaler::skips_on_device(const torch::optim::Optimizer& optimizer) const
 // PyTorch does for fused optimizers: find infs without dividing (the kernel will divide while it
 // updates), then fused.step_with_amp_scaling(scale, found_inf): it divides by the scale (pass
 // none when unscale_ already divided) and leaves everything unchanged when found_inf != 0.
-// Same stage rules and last_found_inf_ as step(). No .item() anywhere: that is the point.
+// Same stage rules and last_found_inf_ as step(); mark the state on_device, so that update()
+// knows it may hand the scale to update_on_device below. No .item() anywhere: that is the point.
 void GradScaler::step_on_device(torch::optim::Optimizer& optimizer, amplab::FusedOptimizer& fused) {
   // BEGIN SOLUTION
   OptimizerState& state = per_optimizer_[&optimizer];
@@ -243,6 +267,17 @@ void GradScaler::step_on_device(torch::optim::Optimizer& optimizer, amplab::Fuse
   fused.step_with_amp_scaling(grad_scale, state.found_inf);
   last_found_inf_ = state.found_inf;
   state.stage = Stage::stepped;
+  state.on_device = true;
+  // END SOLUTION
+}
+
+// TODO(amp_training-9): the stretch: update() for optimizers that all stepped on the device (your
+// update() calls it then): the same state machine as TODO 4 in one kernel instead of a dozen
+// small ones, at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor,
+// backoff_factor, growth_interval), PyTorch's own. A graph of a short step feels each launch.
+void GradScaler::update_on_device(const torch::Tensor& found_inf) {
+  // BEGIN SOLUTION
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, growth_factor_, backoff_factor_, growth_interval_);
   // END SOLUTION
 }
 

@@ -59,8 +59,11 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
 // To match PyTorch to the bit: multiply by the inverse 1/S computed in float64 and rounded to
 // float32 (not a float32 division), and look at the gradient before it is multiplied.
 // Pitfall: no .item() here. The flag stays on the device; step() decides.
-// (A first version may check and divide each gradient with a few tensor ops; the fused
-// kernel PyTorch uses for this is the stretch's business.)
+// Write it with tensor ops: whether a gradient is all finite is a reduction that stays on the
+// device, and folding each into found_inf needs no branch on the host. A model has tens or
+// hundreds of gradients: the foreach ops (torch::_foreach_mul_, torch::_foreach_norm) take a list
+// of tensors of one dtype in one launch, where a loop launches a few kernels per gradient. The
+// largest magnitude of a gradient (its inf-norm) is inf or NaN exactly when the gradient holds one.
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   AMPLAB_TODO("amp_training-2");
 }
@@ -97,6 +100,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
 // scale(), and when no optimizer recorded a found_inf since the last update().
 // To match PyTorch to the bit, multiply in float64 and round the product to float32.
 // Pitfall: stay on the device (tensor ops, no .item()): a CUDA graph replays this every step.
+// torch::where(condition, a, b) chooses between two results on the device, with no branch on
+// the host: compute both candidates, then pick.
 void GradScaler::update() {
   AMPLAB_TODO("amp_training-4");
 }
@@ -127,8 +132,17 @@ bool GradScaler::skips_on_device(const torch::optim::Optimizer& optimizer) const
 // PyTorch does for fused optimizers: find infs without dividing (the kernel will divide while it
 // updates), then fused.step_with_amp_scaling(scale, found_inf): it divides by the scale (pass
 // none when unscale_ already divided) and leaves everything unchanged when found_inf != 0.
-// Same stage rules and last_found_inf_ as step(). No .item() anywhere: that is the point.
+// Same stage rules and last_found_inf_ as step(); mark the state on_device, so that update()
+// knows it may hand the scale to update_on_device below. No .item() anywhere: that is the point.
 void GradScaler::step_on_device(torch::optim::Optimizer& optimizer, amplab::FusedOptimizer& fused) {
+  AMPLAB_TODO("amp_training-9");
+}
+
+// TODO(amp_training-9): the stretch: update() for optimizers that all stepped on the device (your
+// update() calls it then): the same state machine as TODO 4 in one kernel instead of a dozen
+// small ones, at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor,
+// backoff_factor, growth_interval), PyTorch's own. A graph of a short step feels each launch.
+void GradScaler::update_on_device(const torch::Tensor& found_inf) {
   AMPLAB_TODO("amp_training-9");
 }
 
