@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "amplab/train/fused_optimizer.hpp"
 #include "amplab/train/loss_scaler.hpp"
@@ -59,9 +60,10 @@ class GradScaler final : public amplab::LossScaler {
   };
 
   // TODO(amp_training-9), the stretch: step() of a fused optimizer without a host sync, and the
-  // scale's update in one kernel when every optimizer stepped that way.
+  // scale's update and the unscaling in one kernel each for such optimizers.
   void step_on_device(torch::optim::Optimizer& optimizer, amplab::FusedOptimizer& fused);
   void update_on_device(const torch::Tensor& found_inf);
+  void unscale_on_device(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& inv_scale);
 
   bool enabled_;
   double init_scale_;

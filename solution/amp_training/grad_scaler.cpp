@@ -93,6 +93,10 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     }
   }
   for (auto& [dtype, grads] : by_dtype) {
+    if (skips_on_device(optimizer)) {  // the stretch's one kernel, on the fast path
+      unscale_on_device(grads, found_inf, inv_scale);
+      continue;
+    }
     const torch::Tensor largest = torch::stack(at::_foreach_norm(grads, INFINITY));  // before dividing
     found_inf = torch::maximum(found_inf, largest.isfinite().all().logical_not().to(torch::kFloat32));
     at::_foreach_mul_(grads, inv_scale);
@@ -278,6 +282,17 @@ void GradScaler::step_on_device(torch::optim::Optimizer& optimizer, amplab::Fuse
 void GradScaler::update_on_device(const torch::Tensor& found_inf) {
   // BEGIN SOLUTION
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf, growth_factor_, backoff_factor_, growth_interval_);
+  // END SOLUTION
+}
+
+// TODO(amp_training-9): the stretch: unscale_() for the gradients of an optimizer that steps on
+// the device (your unscale_ may call it then): the check and the division in one pass over each
+// gradient, at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale),
+// PyTorch's own, where the foreach ops read every gradient twice.
+void GradScaler::unscale_on_device(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                                   const torch::Tensor& inv_scale) {
+  // BEGIN SOLUTION
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
   // END SOLUTION
 }
 

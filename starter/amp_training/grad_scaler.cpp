@@ -146,4 +146,13 @@ void GradScaler::update_on_device(const torch::Tensor& found_inf) {
   AMPLAB_TODO("amp_training-9");
 }
 
+// TODO(amp_training-9): the stretch: unscale_() for the gradients of an optimizer that steps on
+// the device (your unscale_ may call it then): the check and the division in one pass over each
+// gradient, at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale),
+// PyTorch's own, where the foreach ops read every gradient twice.
+void GradScaler::unscale_on_device(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                                   const torch::Tensor& inv_scale) {
+  AMPLAB_TODO("amp_training-9");
+}
+
 }  // namespace amp_training
