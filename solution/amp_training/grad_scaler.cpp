@@ -92,8 +92,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       by_dtype[param.grad().scalar_type()].push_back(param.grad());
     }
   }
+  const bool on_device = skips_on_device(optimizer);  // the stretch's one kernel, on the fast path
   for (auto& [dtype, grads] : by_dtype) {
-    if (skips_on_device(optimizer)) {  // the stretch's one kernel, on the fast path
+    if (on_device) {
       unscale_on_device(grads, found_inf, inv_scale);
       continue;
     }
