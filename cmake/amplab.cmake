@@ -79,17 +79,11 @@ function(amplab_link_mechanisms target)
   endforeach()
 endfunction()
 
-# Variants beside those, built from generated or copied sources (their binaries get a suffix):
-#  holes   (instructor builds) the solution with each TODO's holes switchable to AMPLAB_TODO at
-#          run time, so that scripts/check-rubric-holes.py can check, one TODO at a time and from
-#          one build, that emptying a hole fails exactly the tests the rubric maps to it;
+# Variants beside those, built from generated sources (their binaries get a suffix):
 #  student (AMPLAB_GRADING) one variant per set of TODOs graded together, student_v<n>[_<n>...],
 #          from the files scripts/grade writes into <build>/student/<lab>/v.../ (see
 #          amplab_add_grading_variants below), linked with this checkout's tests, apps and core.
 set(AMPLAB_EXTRA_VARIANTS "")
-if(AMPLAB_VARIANT STREQUAL "both" AND AMPLAB_HOLE_CHECK AND AMPLAB_BUILD_TESTS)
-  list(APPEND AMPLAB_EXTRA_VARIANTS holes)
-endif()
 if(AMPLAB_GRADING AND AMPLAB_BUILD_TESTS)
   list(APPEND AMPLAB_EXTRA_VARIANTS student)
 endif()
@@ -113,24 +107,6 @@ function(amplab_add_lab lab)
   endforeach()
   if("student" IN_LIST AMPLAB_EXTRA_VARIANTS)
     amplab_add_grading_variants(${lab})
-  endif()
-  if("holes" IN_LIST AMPLAB_EXTRA_VARIANTS)
-    file(GLOB _solution_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cpp ${PROJECT_SOURCE_DIR}/solution/${lab}/*.cu)
-    set(_holes_dir ${PROJECT_BINARY_DIR}/holes/${lab})
-    set(_holes_srcs "")
-    foreach(_src IN LISTS _solution_srcs)
-      get_filename_component(_src_name ${_src} NAME)
-      list(APPEND _holes_srcs ${_holes_dir}/${_src_name})
-    endforeach()
-    add_custom_command(OUTPUT ${_holes_srcs}
-      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/make-starter.py --holes ${lab} ${_holes_dir}
-      DEPENDS ${_solution_srcs} ${PROJECT_SOURCE_DIR}/scripts/make-starter.py
-      COMMENT "Generating the holes variant of ${lab}" VERBATIM)
-    amplab_lab_library(amplab_${lab}_holes ${lab} ${_holes_srcs})
-    target_include_directories(amplab_${lab}_holes PRIVATE ${PROJECT_SOURCE_DIR}/solution/${lab})
-    if(TARGET amplab_${lab}_holes_kernels)
-      target_include_directories(amplab_${lab}_holes_kernels PRIVATE ${PROJECT_SOURCE_DIR}/solution/${lab})
-    endif()
   endif()
 
   # The app: apps/<lab>/*.cpp and the lab's given experiment code, labs/<lab>/*.cpp (no TODOs).
@@ -232,12 +208,9 @@ function(amplab_add_grading_variants lab)
 endfunction()
 
 # amplab_lab_variants(<out> <lab>): every variant of a lab's code this build makes: the
-# primary and other variants, holes, and the grading variants (student_<variant>).
+# primary and other variants, and the grading variants (student_<variant>).
 function(amplab_lab_variants out lab)
   set(_all ${AMPLAB_VARIANTS})
-  if("holes" IN_LIST AMPLAB_EXTRA_VARIANTS)
-    list(APPEND _all holes)
-  endif()
   get_property(_grading GLOBAL PROPERTY AMPLAB_GRADING_VARIANTS_${lab})
   list(APPEND _all ${_grading})
   set(${out} ${_all} PARENT_SCOPE)

@@ -1,5 +1,4 @@
-"""Rubrics and GoogleTest runs, shared by scripts/grade, scripts/check-rubric.py and
-scripts/check-rubric-holes.py.
+"""Rubrics and GoogleTest runs, shared by scripts/grade and scripts/check-rubric.py.
 
 A rubric (labs/<lab>/rubric.yaml, or any *.yaml in a directory of extra tests) maps each graded
 test to the TODO whose points it carries:
@@ -414,22 +413,6 @@ def describe_exit(code):
 
 def tail(text, limit=3000):
     return text if len(text) <= limit else "...\n" + text[-limit:]
-
-
-def run_one(binary, name, env, cwd, timeout_s, log_path=None):
-    """One graded test in its own process: an Outcome."""
-    code, seconds, output, parsed = run_gtest(binary, [f"--gtest_filter={name}"], env, cwd, timeout_s, log_path)
-    if code is None:
-        return Outcome("timeout", seconds, f"timed out after {timeout_s:g} s (killed)", tail(output))
-    if parsed is None or name not in parsed:
-        if code == 0 and parsed is not None:
-            return Outcome("failed", seconds, "the test did not run (not in the binary?)", tail(output))
-        return Outcome("crashed", seconds, describe_exit(code), tail(output))
-    status, message, failures, fraction = parsed[name]
-    if status == "passed" and code != 0:
-        return Outcome("crashed", seconds, f"passed, then the process {describe_exit(code)}", tail(output))
-    details = "\n\n".join(failures) + ("\n\n--- output ---\n" + tail(output) if status != "passed" else "")
-    return Outcome(status, seconds, message, details.strip(), fraction)
 
 
 def score(test, outcome):

@@ -6,19 +6,19 @@
 #   1. the graded tests on the solution, GPU tests included, with each speed test's ratio to its
 #      PyTorch baseline and the share of points it earns (tests/labs/cuda_kernels_test.cpp's
 #      kReference holds the reference ratios: update it from these numbers);
-#   2. that the untouched starter fails every graded test;
-#   3. with --holes: that emptying each TODO fails exactly its rubric's tests (16 runs of the suite);
+#   2. with --certify: scripts/grade --certify, the rubric certified by the grader itself, GPU tests
+#      included (the untouched starter, each TODO emptied alone, fails every test graded with it);
 #      with --grade: scripts/grade --code solution (the partial points as the grader scores them;
 #      reconfigures BUILD_DIR with AMPLAB_GRADING=ON and builds the student variant: a few minutes);
 #   4. the lab binary: every part's table, the plots and the filtered images in its run directory.
-# Usage: bash labs/cuda_kernels/gpu-check.sh [--holes] [--grade] [BUILD_DIR]   (exit 1 when a check failed)
+# Usage: bash labs/cuda_kernels/gpu-check.sh [--certify] [--grade] [BUILD_DIR]   (exit 1 when a check failed)
 # In a student hand-out (no solution/) it runs the starter's tests: your code.
 set -uo pipefail
-holes=0
+certify=0
 grade=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --holes) holes=1 ;;
+    --certify) certify=1 ;;
     --grade) grade=1 ;;
     *) break ;;
   esac
@@ -47,19 +47,10 @@ for suite in json.load(open(sys.argv[1]))["testsuites"]:
 PY
 grep -E '^(float4 add|warp shuffles|tiled|register-blocked|forward \+ backward)' "$out/tests.log"
 
-if [ -d solution ]; then
-  say "2. the untouched starter fails every graded test"
-  python3 scripts/check-starter-fails.py "$build/bin/cuda_kernels_test_starter" | tail -3 || status=1
-fi
-
-if [ "$holes" = 1 ]; then
-  say "3. rubric holes"
-  if python3 -c 'import yaml' 2>/dev/null; then
-    python3 scripts/check-rubric-holes.py --lab cuda_kernels --solution "$build/bin/cuda_kernels_test_solution" \
-      --holes "$build/bin/cuda_kernels_test_holes" --repeat 1 | grep -v '^  skipped' || status=1
-  else
-    echo "skipped: python3 has no PyYAML here"
-  fi
+if [ "$certify" = 1 ] && [ -d solution ]; then
+  say "2. scripts/grade --certify (reconfigures $build with AMPLAB_GRADING=ON)"
+  python3 scripts/grade --certify --lab cuda_kernels --build "$build" --out "$(mktemp -d)" 2>&1 |
+    grep -vE '^(grade:|  not checked)' || status=1
 fi
 
 if [ "$grade" = 1 ]; then

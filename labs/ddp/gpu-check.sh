@@ -8,19 +8,20 @@
 #   1. the graded tests on the solution, the *_CUDA ones included: each version trains the lab
 #      identically on two GPUs over NCCL, and the bucketed version's step time against the
 #      reference's (its ratio and the share of the points);
-#   2. that the untouched starter fails every graded test (CPU and GPU); the reference's own NCCL
-#      tests (dist_test's Nccl.*); the lab trained on two GPUs through torchrun --no-python;
-#   3. with --holes: that emptying each TODO fails exactly its rubric's tests;
+#   2. the reference's own NCCL tests (dist_test's Nccl.*); the lab trained on two GPUs through
+#      torchrun --no-python;
+#   3. with --certify: scripts/grade --certify, the rubric certified by the grader itself, GPU tests
+#      included (the untouched starter, each TODO emptied alone, fails every test graded with it);
 #   4. the bench on one GPU (no launcher: the baseline) and on two (amplab-run), every version side
 #      by side, with the timeline of the bucketed setting; then PyTorch's DDP on the same MLP
 #      (bench/ddp_reference.py) for comparison.
-# Usage: bash labs/ddp/gpu-check.sh [--holes] [BUILD_DIR]   (exit 1 when a check failed)
+# Usage: bash labs/ddp/gpu-check.sh [--certify] [BUILD_DIR]   (exit 1 when a check failed)
 # In a student hand-out (no solution/) it runs the starter's tests: your code.
 set -uo pipefail
-holes=0
+certify=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --holes) holes=1 ;;
+    --certify) certify=1 ;;
     *) break ;;
   esac
   shift
@@ -53,11 +54,9 @@ for suite in json.load(open(sys.argv[1]))["testsuites"]:
                   f"points {100 * float(t['points_fraction']):.0f}%")
 PY
 
-say "2. starter, the reference's NCCL tests, torchrun"
+say "2. the reference's NCCL tests, torchrun"
 {
   if [ -d solution ]; then
-    echo "--- the untouched starter fails every graded test"
-    python3 scripts/check-starter-fails.py "$build/bin/ddp_test_starter" | tail -3 || status=1
     echo "--- dist_test Nccl.* (the reference DDP over NCCL)"
     "$build/bin/dist_test" --gtest_filter='Nccl.*' 2>&1 | tail -4 || status=1
   fi
@@ -75,10 +74,10 @@ say "2. starter, the reference's NCCL tests, torchrun"
   done
 } 2>&1 | tee "$out/checks.log"
 
-if [ "$holes" = 1 ] && [ -d solution ]; then
-  say "3. rubric holes"
-  python3 scripts/check-rubric-holes.py --lab ddp --solution "$build/bin/ddp_test_solution" \
-    --holes "$build/bin/ddp_test_holes" --repeat 1 | grep -v '^  skipped' || status=1
+if [ "$certify" = 1 ] && [ -d solution ]; then
+  say "3. scripts/grade --certify (reconfigures $build with AMPLAB_GRADING=ON)"
+  python3 scripts/grade --certify --lab ddp --build "$build" --out "$work/certify" 2>&1 |
+    grep -vE '^(grade:|  not checked)' || status=1
 fi
 
 say "4. the bench: one GPU, then two"

@@ -1,6 +1,8 @@
 """Unit tests of the grading scripts' pieces (rubric parsing and checks, gtest report parsing,
 the student-file sync of scripts/grade). ctest: grading_scripts (label core)."""
+import contextlib
 import importlib.machinery
+import io
 import importlib.util
 import json
 import os
@@ -177,34 +179,39 @@ SOLUTION = textwrap.dedent("""\
     """)
 
 
-@unittest.skipUnless(HAVE_MAKE_STARTER, "an instructor's script (not in a hand-out)")
-class MergedSources(unittest.TestCase):
-    """make-starter.py --merge: each TODO's body switchable between the student's and the reference."""
+class Certification(unittest.TestCase):
+    """scripts/grade --certify: which variants it runs, and when the rubric is certified."""
 
-    def merged(self, student):
-        return make_starter.merged_text(SOLUTION, "solution/lab/x.cpp", student, "starter/lab/x.cpp", "student")
+    def test_a_test_runs_with_its_todos_together_and_each_alone(self):
+        t = rubric.RubricTest(lab="lab", test="S.t", todo="lab-2", points=1, also_needs=["lab-1"])
+        self.assertEqual(grade.todo_sets(t, certify=False), [["lab-1", "lab-2"]])
+        self.assertEqual(grade.todo_sets(t, certify=True), [["lab-1", "lab-2"], ["lab-2"], ["lab-1"]])
+        alone = rubric.RubricTest(lab="lab", test="S.u", todo="lab-3", points=1)
+        self.assertEqual(grade.todo_sets(alone, certify=True), [["lab-3"]])  # no run twice
 
-    def test_each_hole_gets_the_students_code_and_the_reference(self):
-        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
-        student = starter.replace('  AMPLAB_TODO("lab-2");\n', "  // mine\n  return x * 2;\n")
-        student += "static int helper() { return 3; }\n"  # their own code outside the holes stays
-        text = self.merged(student)
-        self.assertIn('if (amplab_student_todo("lab-1")) {\n#line', text)
-        self.assertIn('AMPLAB_TODO("lab-1");', text)  # untouched: their (empty) hole
-        self.assertIn("return x * 2;", text)
-        self.assertIn("int y = x + 1;", text)  # the reference's, in the else branch
-        self.assertIn("static int helper()", text)
-        self.assertIn('#line 6 "solution/lab/x.cpp"', text)  # reference lines point at the solution
+    def run_certify(self, statuses):
+        t = rubric.RubricTest(lab="lab", test="S.t", todo="lab-1", points=1)
+        results = [{"lab": "lab", "test": "S.t", "emptied": [todo], "status": status, "message": ""}
+                   for todo, status in statuses]
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = grade.certify(results, {"lab": [t]}, {"lab": []}, 1.0)
+        return code, out.getvalue()
 
-    def test_ambiguous_edits_are_refused(self):
-        starter = make_starter.starter_text(SOLUTION, "solution/lab/x.cpp")
-        mangled = starter.replace("int given() { return 1; }", "int given() { return 2; }").replace(
-            '  AMPLAB_TODO("lab-1");\n}\n', "  return given();\n}\n")
-        mangled = mangled.replace("int one() {\n", "int one() {  // changed signature line\n")
-        with self.assertRaises(make_starter.MergeError):
-            self.merged(mangled.replace('int two(int x) {\n  AMPLAB_TODO("lab-2");\n}', "int two(int x) { return 0; }")
-                        .replace("int one() {  // changed signature line\n  return given();\n}\n\n// TODO(lab-2): two.\n",
-                                 "int one() { return two(1); }\n"))
+    def test_a_test_that_passes_with_its_todo_empty_is_a_problem(self):
+        code, out = self.run_certify([("lab-1", "passed")])
+        self.assertEqual(code, 1)
+        self.assertIn("S.t passes with lab-1 empty", out)
+
+    def test_failing_every_run_certifies_and_a_gpu_test_is_listed_not_counted(self):
+        code, out = self.run_certify([("lab-1", "failed"), ("lab-1", "needs_gpu")])
+        self.assertEqual(code, 0, out)
+        self.assertIn("not checked here", out)
+        self.assertIn("the rubric is certified", out)
+
+    def test_a_variant_that_does_not_build_is_a_problem(self):
+        code, out = self.run_certify([("lab-1", "build_failed")])
+        self.assertEqual(code, 1)
+        self.assertIn("does not build", out)
 
 
 @unittest.skipUnless(HAVE_MAKE_STARTER, "an instructor's script (not in a hand-out)")
