@@ -81,6 +81,10 @@ def starter_text(source: str, name: str) -> str:
         raise FenceError(f"{name}: BEGIN SOLUTION is never closed")
     if todo_id is not None:
         raise FenceError(f"{name}: TODO({todo_id}) has no BEGIN SOLUTION fence below it")
+    if not any(HOLE.match(line) for line in out):
+        lab = pathlib.Path(name).parent.name
+        raise FenceError(f"{name}: no TODO here: code the lab gives (no hole in it) lives in labs/{lab}/given/, "
+                         "its one home, compiled into every variant of the lab")
     return HEADER + "".join(out)
 
 

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Runs a lab binary, setting up and building first if needed (only that lab's binary and what it
 # links: the other labs and the tests are built by scripts/test.sh):
-#   scripts/run.sh [LAB] [ARGS...]      LAB defaults to mnist; ARGS go to the lab binary
+#   scripts/run.sh LAB [ARGS...]        ARGS go to the lab binary
 #   scripts/run.sh mnist --set train.epochs=5
-# Labs: gpu_basics, amp_training, memory_optimization, mnist, ddp, cuda_kernels, transformer_fp8
-# (see labs/<lab>/README.md).
+# The labs are those with a labs/<lab>/lab.yaml; `scripts/run.sh` alone lists them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-lab=mnist
-if [ $# -gt 0 ] && [[ "$1" != -* ]]; then lab=$1; shift; fi
-if [ ! -d "labs/$lab" ]; then
-  echo "error: no lab '$lab'; labs: $(ls labs | tr '\n' ' ')" >&2
+list_labs() {
+  for file in labs/*/lab.yaml; do
+    number=$(sed -n 's/^number: *//p' "$file")
+    printf '%s\t  %-20s Lab %s: %s\n' "$number" "$(sed -n 's/^name: *//p' "$file")" "$number" \
+      "$(sed -n 's/^title: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$file")"
+  done | sort -n | cut -f2-
+}
+if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
+  echo "usage: scripts/run.sh LAB [ARGS...]; the labs:" >&2
+  list_labs >&2
+  exit 2
+fi
+lab=$1
+shift
+if [ ! -f "labs/$lab/lab.yaml" ]; then
+  echo "error: no lab '$lab' (no labs/$lab/lab.yaml); the labs:" >&2
+  list_labs >&2
   exit 2
 fi
 bash scripts/setup.sh --target "$lab" >&2

@@ -17,6 +17,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/peak.hpp"
@@ -258,7 +259,7 @@ void record_overflow_trace(AmpLab& lab, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const amplab::LabInfo info{"amp_training", "Lab 2: AMP training, fp32 vs tf32 vs fp16 vs bf16", /*accepts_resume=*/false,
+  const amplab::LabInfo info{amplab::this_lab::kName, amplab::this_lab::kTitle, /*accepts_resume=*/false,
                              "amp.mlp.width, amp.mlp.batch or amp.cnn.batch"};
   return amplab::lab_main<AmpConfig>(argc, argv, info, require_mlp_memory, [](AmpLab& lab) {
     const auto& amp = lab.config.amp;
@@ -293,7 +294,7 @@ int main(int argc, char** argv) {
     lab.results.set("device", amplab::describe(lab.device));
     lab.results.set("fast_path", lab.config.train.fast_path);
     lab.results.set("optimizer", {{"name", lab.config.train.optimizer.name}, {"fused", lab.config.train.fast_path}});
-    if (amp.plots) lab.plot_kind = "amp";
+    lab.draw_plots = amp.plots;
     return amplab::kExitOk;
   });
 }

@@ -16,6 +16,7 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/timing.hpp"
 #include "amplab/models/bias_gelu_mlp.hpp"
 #include "amplab/report/images.hpp"
@@ -288,7 +289,7 @@ std::optional<int> check_before_run(const KernelsConfig& config, const amplab::C
 }  // namespace
 
 int main(int argc, char** argv) {
-  const amplab::LabInfo info{"cuda_kernels", "Lab 6: CUDA kernels", /*accepts_resume=*/false,
+  const amplab::LabInfo info{amplab::this_lab::kName, amplab::this_lab::kTitle, /*accepts_resume=*/false,
                              "sizes.elementwise_n, sizes.reduction_n, convolution.bench_size, matmul.sizes, fused.rows, "
                              "fused.cols, fused.mlp_width, fused.mlp_batch"};
   return amplab::lab_main<KernelsConfig>(argc, argv, info, check_before_run, [](Lab& lab) {
@@ -314,7 +315,7 @@ int main(int argc, char** argv) {
     }
     lab.phase("");
     lab.results.set("roofs", plots.roofs());
-    if (lab.config.bench.plots) lab.plot_kind = "kernels";
+    lab.draw_plots = lab.config.bench.plots;
     return amplab::kExitOk;
   });
 }

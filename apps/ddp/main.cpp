@@ -17,6 +17,7 @@
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
 #include "amplab/lab_main.hpp"  // run_lab_body
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/gpu_timeline.hpp"  // run.gpu_monitor
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
@@ -55,13 +56,13 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
                                                       static_cast<uint64_t>(config.run.seed), world),
                                 setup.device);
   amplab::FitOptions options;
-  options.lab = "ddp";
+  options.lab = amplab::this_lab::kName;
   options.tag = "mnist";
   options.config_yaml = yaml;
   options.data_seed = static_cast<uint64_t>(config.run.seed);
   options.run_dir = &run;
   options.checkpoint = config.checkpoint;
-  options.checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, "ddp");
+  options.checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, amplab::this_lab::kName);
   options.resume = cli.resume;  // "auto" after an elastic restart: every rank loads rank 0's latest
   options.force_resume = cli.force;
   options.dist = amplab::dist::loop_hooks(setup.comm);
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
   return amplab::guarded_main([&]() -> int {
     DdpConfig config, defaults;
     amplab::CommandLine cli;
-    if (auto code = amplab::parse_command_line(argc, argv, "ddp", "Lab 5: data-parallel training (DDP) in C++",
+    if (auto code = amplab::parse_command_line(argc, argv, amplab::this_lab::kName, amplab::this_lab::kTitle,
                                                amplab::describe_keys(defaults), cli))
       return *code;
     const auto source = amplab::load_lab_config(cli, config);
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
     results.write(run);  // rank 0's run directory only
     std::cout << std::flush;  // before the plot script writes to the same stream
     if (config.bench.enabled && run.enabled()) {
-      amplab::make_plots("ddp", run);
+      amplab::make_plots(amplab::this_lab::kName, run);
       amplab::write_report(run);  // the README's questions with this run's tables and plot
     }
     if (gpu_timeline && gpu_timeline->available() && code == amplab::kExitOk) amplab::make_plots("gpu_monitor", run);

@@ -8,6 +8,7 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/report/table.hpp"
 #include "config.hpp"
 #include "gpu_basics.hpp"
@@ -111,14 +112,14 @@ void sweep_matmul(GpuLab& lab) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const amplab::LabInfo info{"gpu_basics", "Lab 1: GPU basics", /*accepts_resume=*/false, "bench.copy_mib or bench.matmul_sizes"};
+  const amplab::LabInfo info{amplab::this_lab::kName, amplab::this_lab::kTitle, /*accepts_resume=*/false, "bench.copy_mib or bench.matmul_sizes"};
   return amplab::lab_main<GpuBasicsConfig>(argc, argv, info, [](GpuLab& lab) {
     describe_device(lab);
     show_placement(lab);
     time_matmul(lab);
     measure_bandwidth(lab);
     sweep_matmul(lab);
-    lab.plot_kind = "gpu_basics";  // matmul.png
+    lab.draw_plots = true;  // matmul.png
     return amplab::kExitOk;
   });
 }

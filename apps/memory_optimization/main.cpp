@@ -15,6 +15,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
@@ -388,8 +389,8 @@ void leak_hunt(Harness& h, amplab::Results& results) {
 int main(int argc, char** argv) {
   return amplab::lab_main<LabConfig>(
       argc, argv,
-      {.name = "memory_optimization",
-       .title = "Lab 3: memory optimization (batch size, precision, accumulation, checkpointing)",
+      {.name = amplab::this_lab::kName,
+       .title = amplab::this_lab::kTitle,
        .size_keys = "mem.model.width, mem.model.depth, mem.accumulation.factor or mem.timeline.batch"},
       check_config,
       [](amplab::Lab<LabConfig>& lab) {
@@ -411,7 +412,7 @@ int main(int argc, char** argv) {
         section(mem.timeline.enabled, "memory timeline", [&] { timeline(h, lab.results); });
         section(mem.leak.enabled, "leak hunt", [&] { leak_hunt(h, lab.results); });
         lab.phase("");
-        if (mem.plots) lab.plot_kind = "memory";
+        lab.draw_plots = mem.plots;
         return amplab::kExitOk;
       });
 }

@@ -16,6 +16,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/checkpointer.hpp"
@@ -77,8 +78,8 @@ class ModeRunner {
       : lab_(lab), data_(data), config_(lab.config), config_yaml_(amplab::to_yaml(lab.config)) {
     // The cpu mode trains with the config's cpu: values (fewer epochs: a CPU epoch takes minutes).
     lab.source.with_overlay("cpu").bind(cpu_config_);
-    checkpoint_dir_ = amplab::checkpoint_dir_for(config_.checkpoint, config_.run, "mnist");
-    resume_ = amplab::find_resume_point(lab.cli.resume, checkpoint_dir_, &lab.run, "mnist");
+    checkpoint_dir_ = amplab::checkpoint_dir_for(config_.checkpoint, config_.run, amplab::this_lab::kName);
+    resume_ = amplab::find_resume_point(lab.cli.resume, checkpoint_dir_, &lab.run, amplab::this_lab::kName);
   }
 
   // The modes run in order; on --resume, the checkpoint names its mode and carries the finished ones.
@@ -121,7 +122,7 @@ class ModeRunner {
 
 amplab::FitOptions ModeRunner::fit_options(const mnist::Mode& mode, bool resuming) const {
   amplab::FitOptions options;
-  options.lab = "mnist";
+  options.lab = amplab::this_lab::kName;
   options.tag = mode.label();
   options.config_yaml = config_yaml_;
   options.data_seed = static_cast<uint64_t>(config_.run.seed);
@@ -304,7 +305,7 @@ int run_lab(Lab& lab) {
   lab.results.set("batch_size", config.train.batch_size);
   lab.results.set("fast_path", config.train.fast_path);  // the key; each mode's entry says the path it ran
   lab.results.set("config", amplab::config_yaml_to_json(runner.config_yaml()));
-  if (config.mnist.plots) lab.plot_kind = "mnist";
+  lab.draw_plots = config.mnist.plots;
   return amplab::kExitOk;
 }
 
@@ -313,7 +314,7 @@ int run_lab(Lab& lab) {
 int main(int argc, char** argv) {
   return amplab::lab_main<MnistConfig>(
       argc, argv,
-      {"mnist", "Lab 4: MNIST end to end, CPU vs GPU vs GPU+AMP", /*accepts_resume=*/true,
+      {amplab::this_lab::kName, amplab::this_lab::kTitle, /*accepts_resume=*/true,
        "train.batch_size, mnist.eval_batch_size, data.train_limit", /*traces_own_steps=*/true},
       check_config, run_lab);
 }

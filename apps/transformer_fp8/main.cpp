@@ -18,6 +18,7 @@
 #include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/state/study_progress.hpp"
@@ -377,8 +378,8 @@ const std::vector<std::string> kKeysFreeOnResume = {"run.out_dir", "run.log_leve
 }  // namespace
 
 int main(int argc, char** argv) {
-  const amplab::LabInfo info{.name = "transformer_fp8",
-                             .title = "Lab 7: a GPT on Shakespeare in fp32, tf32, fp16, bf16 and FP8",
+  const amplab::LabInfo info{.name = amplab::this_lab::kName,
+                             .title = amplab::this_lab::kTitle,
                              .accepts_resume = true,
                              .size_keys = "gpt.batch, gpt.block_size, gpt.n_embd or gpt.n_layer",
                              .resume_help = "go on with an interrupted run: its run directory, or 'latest' (the newest "
@@ -399,7 +400,7 @@ int main(int argc, char** argv) {
     if (lab.config.study.attention_study) attention_study(lab, s);
     if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) tf8::fp8_tables(lab.results, lab.device, [&lab](const std::string& name) { lab.phase(name); });
     write_sample(lab, rows);
-    if (lab.config.study.plots) lab.plot_kind = "gpt";
+    lab.draw_plots = lab.config.study.plots;
     return amplab::kExitOk;
   });
 }

@@ -1,7 +1,7 @@
 // Lab 7: the given GPT (a character-level model of nanoGPT's Shakespeare-char size by default)
 // and its data. Its attention calls your causal_attention / safe_attention (or torch's SDPA), and
 // its linear layers can run on your fp8_linear with dynamic or delayed scaling
-// (transformer_fp8.hpp). Code: solution/transformer_fp8/gpt.cpp (given, no TODOs).
+// (transformer_fp8.hpp). Code: labs/transformer_fp8/given/gpt.cpp (given, no TODOs).
 #pragma once
 
 #include <torch/torch.h>

@@ -25,7 +25,8 @@
 namespace amplab {
 
 struct LabInfo {
-  std::string name;             // "amp_training": configs/<name>.yaml, runs/<name>/, labs/<name>/README.md
+  // Both from labs/<lab>/lab.yaml, through the generated lab_identity.hpp (this_lab::kName, kTitle).
+  std::string name;             // "amp_training": configs/<name>.yaml, runs/<name>/, labs/<name>/
   std::string title;            // "Lab 2: AMP training, fp32 vs tf32 vs fp16 vs bf16"
   bool accepts_resume = false;  // --resume and --force are options of this lab
   // The config keys that set how much memory the lab takes ("amp.mlp.width, amp.mlp.batch"):
@@ -47,7 +48,7 @@ struct Lab {
   torch::Device device;  // resolved from run.device
   RunDir run;
   Results results;       // written to the run directory when the body returns
-  std::string plot_kind; // scripts/plot.py's kind to draw at the end ("" for none)
+  bool draw_plots = false;  // labs/<lab>/plots.py draws the run's plots at the end (scripts/plot.py)
   // The GPU's utilization through the run (run.gpu_monitor): null on the CPU or without NVML.
   std::unique_ptr<GpuTimeline> gpu_timeline = nullptr;
   // run.trace's trace of each phase: null unless asked (no profiler runs then).
@@ -170,7 +171,7 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     torch::Device device = detail::start_run(config.run, info.title);
     auto gpu_timeline = detail::start_watching(config.run, run, device);
     auto phase_trace = detail::start_phase_trace(config.run, run, device, info.traces_own_steps);
-    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, "", std::move(gpu_timeline),
+    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, false, std::move(gpu_timeline),
                     std::move(phase_trace), {}};
     const BodyEnd ended = run_lab_body([&] { return body(lab); }, info.size_keys);
     if (lab.phase_trace) lab.phase_trace->finish();  // the last phase's trace, before the results are written
@@ -178,7 +179,7 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
                              .said_where = ended.interrupted_by == 0 && ended.exit_code != kExitOk,
                              .where = where_it_stopped(lab.current_phase, lab.stopped_before),
                              .how_to_go_on = lab.how_to_go_on};
-    return detail::finish_run(lab.config.run, lab.run, lab.results, lab.plot_kind, lab.gpu_timeline.get(), end,
+    return detail::finish_run(lab.config.run, lab.run, lab.results, lab.draw_plots ? info.name : "", lab.gpu_timeline.get(), end,
                               ended.exit_code);
   });
 }

@@ -38,7 +38,10 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LABS = ["gpu_basics", "amp_training", "memory_optimization", "mnist", "ddp", "cuda_kernels", "transformer_fp8"]
+sys.path.insert(0, str(ROOT / "scripts"))
+import amplab_labs  # noqa: E402
+
+LABS = [lab.name for lab in amplab_labs.all_labs()]  # labs/<lab>/lab.yaml, in course order
 CRASH_TEXT = re.compile(r"terminate called|Segmentation fault|core dumped|Aborted \(core|double free|stack smashing")
 LOG_LINE = re.compile(r"^(\[rank \d+\] )?\[\d\d:\d\d:\d\d (trace|debug|info|warn|warning)\]")
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: ")
