@@ -65,8 +65,9 @@ double matmul_peak_tflops(const AmpLab& lab, bool first) {
 }
 
 // The peak again, now that the GPU has run for a while at its working clocks: the best of the
-// two is the ceiling (timed cold, it once put the MLP at 108-114% of it). "% of peak" divides by
-// the tensor cores' peak where the architecture is known (no row can exceed it), else by that.
+// two is the ceiling (timed cold, it once put the MLP above 100% of it). "% of peak" divides by
+// the tensor cores' bound at the highest SM clock where the architecture is known (no row can
+// exceed it), else by that.
 double settle_peak(AmpLab& lab, double cold) {
   const int decimals = lab.on_cpu() ? 3 : 1;
   lab.phase("peak");
@@ -75,11 +76,11 @@ double settle_peak(AmpLab& lab, double cold) {
             << " TFLOP/s; the best of the two is the peak\n";
   const amplab::TensorCorePeak tc = amplab::tensor_core_peak(lab.device);
   if (tc.tflops > 0) {
-    std::cout << "tensor-core peak, dense bf16: " << tc.sms << " SMs x " << amplab::fixed(tc.max_mhz, 0) << " MHz x "
-              << tc.flops_per_clock << " FLOP/clock = " << amplab::fixed(tc.tflops, 1) << " TFLOP/s; the matmul loop reached "
-              << amplab::fixed(100 * matmul / tc.tflops, 0)
+    std::cout << "tensor-core peak, dense bf16, at the highest SM clock the driver reports: " << tc.sms << " SMs x "
+              << amplab::fixed(tc.max_mhz, 0) << " MHz x " << tc.flops_per_clock << " FLOP/clock = "
+              << amplab::fixed(tc.tflops, 1) << " TFLOP/s; the matmul loop reached " << amplab::fixed(100 * matmul / tc.tflops, 0)
               << "% of it (a loop of big matmuls draws the whole power limit, which holds the clock down).\n"
-              << "\"% of peak\" below is of the tensor-core peak.\n";
+              << "\"% of peak\" below is of this tensor-core peak.\n";
   } else {
     std::cout << "\"% of peak\" below is of the best of the two matmul timings ("
               << (lab.on_cpu() ? "on the CPU" : "no tensor-core figure for this GPU's architecture") << ").\n";
@@ -105,11 +106,11 @@ void run_precisions(AmpLab& lab, uint64_t seed, std::string& shapes, std::vector
       Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
       lab.phase(model_name + " " + name);
       rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab.config, lab.device,
-                                   amplab::make_fast_path_optimizer));
+                                   amplab::course_mechanisms(), amplab::make_fast_path_optimizer));
       if (precision != Precision::fp16_mixed || !amp.scaler_cost || !rows.back().ran()) continue;
       lab.phase(model_name + " " + name + " (no scaler)");
       rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab.config, lab.device,
-                                   amplab::make_fast_path_optimizer));
+                                   amplab::course_mechanisms(), amplab::make_fast_path_optimizer));
     }
   }
 }
@@ -151,7 +152,8 @@ void record_precisions(AmpLab& lab, const std::vector<PrecisionResult>& rows, do
                     shapes + notes + "memory: " +
                         (amplab::memory_is_rss(lab.device) ? "process RSS high-water mark (CPU; includes everything else)"
                                                            : "peak bytes allocated by tensors (CUDA caching allocator)") +
-                        "; TFLOP/s counted for the MLP only (6 x batch x in x out per Linear)\n");
+                        "; TFLOP/s counted for the MLP only: 6 x batch x in x out per Linear, 4 x for the first "
+                        "(its input gradient is never computed)\n");
 }
 
 // What the GradScaler costs: fp16-mixed with it against the plain autocast step without it.

@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
                                                        : "train.batch_size or data.train_limit";
     const int code = amplab::run_lab_body(
         [&] {
-          return config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::make_fast_path_optimizer)
+          return config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::course_mechanisms(),
+                                                                  amplab::make_fast_path_optimizer)
                                       : train(config, setup, run, yaml, cli, results);
         },
         size_keys).exit_code;

@@ -395,7 +395,7 @@ int main(int argc, char** argv) {
       check_config,
       [](amplab::Lab<LabConfig>& lab) {
         const auto& mem = lab.config.mem;
-        Harness h(lab.config, lab.device);
+        Harness h(lab.config, lab.device, amplab::course_mechanisms());
         describe_setup(h, lab.results);
         // Each section a phase of its own (gpu_monitor.csv, summary.json's gpu_monitor).
         auto section = [&lab](bool enabled, const char* phase, const std::function<void()>& run) {

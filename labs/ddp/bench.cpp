@@ -13,7 +13,6 @@
 #include "amplab/models/models.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/trainer.hpp"
-#include "mechanisms.hpp"
 
 namespace ddp_lab {
 namespace {
@@ -122,7 +121,7 @@ void trace_setting(const std::string& setting, const std::function<void()>& step
 // Times the MLP's step under one setting: each step by itself, then back to back.
 BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, const Setup& setup,
                         amplab::GpuMonitor& monitor, const std::string& trace_dir, Timeline& timeline,
-                        const amplab::OptimizerFactory& fused_optimizer) {
+                        const amplab::StepMechanisms& mechanisms, const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   torch::manual_seed(0);
   auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
@@ -150,7 +149,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
     amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
     return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
   };
-  amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, amplab::course_mechanisms(), memory,
+  amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, mechanisms, memory,
                           fused_optimizer);
   PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
   trainer.set_gradient_sync(&phases);
@@ -191,7 +190,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
 }  // namespace
 
 int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir& run, amplab::Results& results,
-              const amplab::OptimizerFactory& fused_optimizer) {
+              const amplab::StepMechanisms& mechanisms, const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   const auto& world = setup.world;
   amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing (all ranks' shown)
@@ -214,7 +213,7 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
   nlohmann::json readings = nlohmann::json::array();  // every rank's GPU while timing, where the tables show medians
   BenchTimes alone;                                   // the first setting's: the plain MLP alone
   for (const BenchSetting& setting : settings) {
-    const BenchTimes t = time_setting(setting, config, setup, monitor, trace_dir, timeline, fused_optimizer);
+    const BenchTimes t = time_setting(setting, config, setup, monitor, trace_dir, timeline, mechanisms, fused_optimizer);
     if (&setting == &settings.front()) alone = t;
     const auto& p = t.phases;
     const auto& q = t.back_to_back_phases;
