@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "amplab/infra/error.hpp"
-#include "amplab/state/checkpoint.hpp"
+#include "amplab/infra/paths.hpp"  // file_name_safe
 #include "amplab/state/safetensors.hpp"
 
 namespace mnist {

@@ -12,7 +12,7 @@
 #include "amplab/measure/memory_snapshot.hpp"
 #include "amplab/report/plots.hpp"
 #include "amplab/report/report.hpp"
-#include "amplab/state/checkpoint.hpp"  // file_name_safe
+#include "amplab/infra/paths.hpp"  // file_name_safe
 
 namespace amplab {
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -53,6 +54,17 @@ std::string check_path_value(const std::string& path) {
   const auto slash = path.find('/');
   return "'" + path + "' starts with '~', which only a shell expands (and not after '='): write the full path, e.g. $HOME" +
          (slash == std::string::npos ? "" : path.substr(slash));
+}
+
+std::string file_name_safe(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+    if (keep) out.push_back(c);
+    else if (!out.empty() && out.back() != '_') out.push_back('_');
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
 }
 
 }  // namespace amplab

@@ -18,4 +18,7 @@ std::string regular_file_problem(const std::string& path);
 // make a directory named '~').
 std::string check_path_value(const std::string& path);
 
+// A file-name-safe form of `text` ("gpu-amp (bf16-mixed)" -> "gpu-amp_bf16-mixed").
+std::string file_name_safe(const std::string& text);
+
 }  // namespace amplab

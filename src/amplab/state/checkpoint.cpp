@@ -378,17 +378,6 @@ std::string unique_run_token() {
   return token;
 }
 
-std::string file_name_safe(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-    if (keep) out.push_back(c);
-    else if (!out.empty() && out.back() != '_') out.push_back('_');
-  }
-  while (!out.empty() && out.back() == '_') out.pop_back();
-  return out;
-}
-
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, std::string owner, std::string pointer_dir)
     : dir_(std::move(dir)), pointer_dir_(std::move(pointer_dir)), keep_last_(keep_last), owner_(file_name_safe(owner)) {}
 

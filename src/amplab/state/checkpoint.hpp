@@ -160,7 +160,4 @@ class CheckpointManager {
 // Six random hex digits: the part of a checkpoint's name no other run shares.
 std::string unique_run_token();
 
-// A file-name-safe form of `text` ("gpu-amp (bf16-mixed)" -> "gpu-amp_bf16-mixed").
-std::string file_name_safe(const std::string& text);
-
 }  // namespace amplab

@@ -8,6 +8,7 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
+#include "amplab/infra/paths.hpp"  // file_name_safe
 #include "amplab/measure/trace.hpp"
 #include "amplab/report/progress.hpp"
 #include "amplab/train/checkpointer.hpp"
