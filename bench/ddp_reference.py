@@ -107,7 +107,8 @@ def main():
         windows.append(back_to_back_ms(step, args.steps))
     if rank == 0:
         ms, back_to_back = statistics.median(times), statistics.median(windows)
-        flops = 6 * args.batch * args.width * args.width * args.layers
+        # 6 x batch x width^2 per layer, less the first layer's input gradient (never computed)
+        flops = (6 * args.layers - 2) * args.batch * args.width * args.width
         pieces = f" first-layer-pieces={args.first_layer_pieces}" if args.first_layer_pieces > 1 else ""
         print(f"python {'ddp' if world > 1 else 'alone'}{' bf16-compress' if args.bf16_compress else ''}{pieces} world={world}: {ms:.2f} ms/step, "
               f"back-to-back {back_to_back:.2f} ms/step, {flops / back_to_back / 1e9:.0f} TFLOP/s per GPU, "

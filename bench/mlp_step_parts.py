@@ -77,7 +77,7 @@ for loss_name, loss_fn in {
             opt.step()
         try:
             ms = timed(step)
-            print(f"step bf16 loss={loss_name:36s} fused_relu={fused_relu!s:5s} {ms:7.3f} ms  {6 * B * W * W * L / ms / 1e9:6.1f} TFLOP/s")
+            print(f"step bf16 loss={loss_name:36s} fused_relu={fused_relu!s:5s} {ms:7.3f} ms  {(6 * L - 2) * B * W * W / ms / 1e9:6.1f} TFLOP/s")
         except Exception as e:  # noqa: BLE001
             print(f"step bf16 loss={loss_name:36s} fused_relu={fused_relu!s:5s} failed: {str(e)[:100]}")
 with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -27,8 +27,9 @@ TensorCorePeak tensor_core_peak(torch::Device device) {
   if (!device.is_cuda()) return peak;
   int index = device.has_index() ? device.index() : 0;
   const auto* props = at::cuda::getDeviceProperties(index);
-  // Dense bf16 with fp32 accumulation, from NVIDIA's datasheets divided by SMs x boost clock:
-  // A100 312 TFLOP/s = 108 x 1.41 GHz x 2048; H100/H200 989 = 132 x 1.83 GHz x 4096; B200 8192.
+  // Dense bf16 FLOP per clock per SM, from NVIDIA's datasheets divided by SMs x the clock they
+  // are rated at: A100 312 TFLOP/s = 108 x 1.41 GHz x 2048; H100 SXM/H200 989.4 = 132 x 1.83 GHz
+  // x 4096 (their highest clock is 1.98 GHz, so the bound below is 1070.5 there); B200 8192.
   if (props->major == 8 && props->minor == 0) peak.flops_per_clock = 2048;
   if (props->major == 9 && props->minor == 0) peak.flops_per_clock = 4096;
   if (props->major == 10 && props->minor == 0) peak.flops_per_clock = 8192;

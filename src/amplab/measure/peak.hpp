@@ -12,10 +12,11 @@ namespace amplab {
 double bf16_matmul_tflops(int64_t n, torch::Device device, int warmup, int repeats, int windows);
 
 // The tensor cores' dense bf16 peak at the GPU's highest SM clock: SMs x clock x FLOP per clock
-// per SM. A bound no kernel can beat, unlike a timed matmul: a loop of big bf16 matmuls draws the
-// card's whole power limit (700 W on an H200), which holds its clock below the maximum, while a
-// training step's other kernels let the clock rise, so the step's matmuls can run faster than
-// the loop's (measured on an H200: the MLP at 763 TFLOP/s, the 8192^3 loop at 709).
+// per SM. A bound no kernel can beat, unlike a timed matmul, whose speed depends on the clock the
+// card held while it ran: a loop of big bf16 matmuls draws the card's whole power limit (700 W on
+// an H200), which holds its clock below the maximum. NVIDIA's datasheets may rate the same product
+// at a lower clock: the H100 SXM's and the H200's 989.4 TFLOP/s dense bf16 are 132 x 1830 MHz x
+// 4096, where this bound, at their 1980 MHz maximum, is 1070.5.
 struct TensorCorePeak {
   double tflops = 0;  // 0: the CPU, or an architecture not listed in peak.cpp
   int sms = 0;

@@ -18,8 +18,9 @@ torch::Tensor WideMlpImpl::forward(torch::Tensor x) {
 }
 
 double wide_mlp_step_flops(int64_t batch, int64_t width, int64_t layers) {
-  return 6.0 * static_cast<double>(batch) * static_cast<double>(width) * static_cast<double>(width) *
-         static_cast<double>(layers);
+  if (layers <= 0) return 0.0;
+  return (6.0 * static_cast<double>(layers) - 2.0) * static_cast<double>(batch) * static_cast<double>(width) *
+         static_cast<double>(width);
 }
 
 }  // namespace amplab

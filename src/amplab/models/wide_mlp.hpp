@@ -17,10 +17,10 @@ struct WideMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(WideMlp);
 
-// FLOPs of one training step: forward 2*B*in*out per Linear, backward twice that (input and
-// weight gradients): 6*B*in*out, biases neglected. The first layer's input gradient is never
-// computed (the input needs none), so the hardware does 11/12 of this for 4 layers; the count is
-// the usual "6 x batch x parameters" convention of the reference numbers.
+// FLOPs of one training step, as the GPU does them: per Linear, forward 2*B*in*out and the
+// weight gradient 2*B*in*out; the input gradient, 2*B*in*out more, for every layer but the first,
+// whose input needs no gradient (autograd never computes it). So (6 * layers - 2) * B * width^2,
+// 11/12 of the "6 x batch x parameters" rule for 4 layers; biases and ReLUs neglected.
 double wide_mlp_step_flops(int64_t batch, int64_t width, int64_t layers);
 
 }  // namespace amplab
