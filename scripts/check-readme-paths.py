@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Fails when a README or hand-out names a file or folder of the repository that does not exist.
 
-Every `backticked` path (and every path in a fenced code block) in the Markdown files below that starts with one of the repository's own
-folders (src/, apps/, labs/, solution/, starter/, scripts/, tests/, bench/, configs/, cmake/,
-.ci/) must exist in the checkout; a glob (`src/amplab/fast/cuda/*.cu`) must match something.
-Placeholders (`labs/<lab>/README.md`), generated places (runs/, build/, data/) and a path:line
-suffix are allowed. Run in the instructor's checkout (a hand-out leaves out files the
-instructor's documents name).
+Every `backticked` path (and every path in a fenced code block) in README.md, ARCHITECTURE.md,
+labs/<lab>/README.md, labs/<lab>/INSTRUCTOR.md, bench/README.md and data/README.md that starts
+with one of the repository's own folders (src/, apps/, labs/, solution/, starter/, scripts/,
+tests/, bench/, configs/, cmake/, .ci/) must exist in the checkout; a glob
+(`src/amplab/fast/cuda/*.cu`) must match something. Placeholders (`labs/<lab>/README.md`),
+generated places (runs/, build/, data/) and a path:line suffix are allowed. Run in the
+instructor's checkout (a hand-out leaves out files the instructor's documents name).
 
     scripts/check-readme-paths.py [--root DIR]      (ctest readme_paths_exist)
 """
@@ -37,7 +38,8 @@ def main():
     parser.add_argument("--root", default=str(pathlib.Path(__file__).resolve().parents[1]))
     root = pathlib.Path(parser.parse_args().root)
     documents = [root / "README.md", root / "ARCHITECTURE.md"] + sorted(root.glob("labs/*/README.md")) + \
-        sorted(root.glob("bench/README.md")) + sorted(root.glob("data/README.md"))
+        sorted(root.glob("labs/*/INSTRUCTOR.md")) + sorted(root.glob("bench/README.md")) + \
+        sorted(root.glob("data/README.md"))
     missing = []
     for doc in documents:
         if not doc.exists():

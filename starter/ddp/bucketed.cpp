@@ -105,13 +105,16 @@ BucketedDdp::~BucketedDdp() {
   }
 }
 
-// TODO(ddp-8): the buckets, as PyTorch assigns them, and the gradients' home in them.
+// TODO(ddp-8): the buckets (PyTorch's assignment, simplified), and the gradients' home in them.
 // - Slots: one per trainable parameter (params_), in the same order.
-// - Assignment: walk the parameters in reverse registration order (the order backward produces
-//   their gradients: last layer first); each joins the open bucket, which closes once it holds
-//   cap_bytes = bucket_mb MiB or more (so a parameter larger than the cap closes the bucket it
-//   joins, and a layer's bias travels with its weight). A parameter of another dtype than the
-//   open bucket's starts a new one (one buffer, one dtype). Record each slot's bucket.
+// - Assignment: walk the parameters in reverse registration order (the order backward usually
+//   produces their gradients: last layer first); each joins the open bucket, which closes once it
+//   holds cap_bytes = bucket_mb MiB or more (so a parameter larger than the cap closes the bucket
+//   it joins, and a layer's bias travels with its weight). A parameter of another dtype than the
+//   open bucket's starts a new one (one buffer, one dtype). Record each slot's bucket. Built once,
+//   here. (PyTorch differs: one open bucket per dtype and device; with its defaults, one bucket in
+//   the first iteration, then buckets rebuilt once in the order the gradients arrived, the first
+//   capped at 1 MiB. labs/ddp/README.md, "Step 4", has the details.)
 // - Buffers: give the bucket a flat buffer (zeros; the parameters' dtype and device, no autograd)
 //   and point each parameter's .grad at its slice (Slot::view): shaped and strided like the
 //   parameter, because autograd accumulates into .grad assuming the parameter's layout. A

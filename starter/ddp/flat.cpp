@@ -1,8 +1,9 @@
 // Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
 // fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
-// Lab 5, step 2: one collective for all gradients. Each collective costs a fixed latency (tens of
-// microseconds on NCCL, a store round trip on the CPU backend) besides its bytes; a model with
-// hundreds of small parameters pays it hundreds of times in step 1. See labs/ddp/README.md, "Step 2".
+// Lab 5, step 2: one collective for all gradients. Each collective pays a latency besides its
+// bytes (on NCCL's ring, one per step: 2(W-1) steps for W ranks; on the CPU backend, a store round
+// trip); a model with hundreds of small parameters pays it hundreds of times in step 1. The price
+// of one call is two copies of every gradient. See labs/ddp/README.md, "Step 2".
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>

@@ -1,6 +1,8 @@
 """scripts/check-handout.py finds answers planted in a hand-out: three lines of a solution fence
 outside starter/, a mechanism defined in the core, the core including a lab's header; and finds
-none in the hand-out made from this checkout. ctest: handout_holds_no_answers (label core)."""
+none in the hand-out made from this checkout, which holds no lab's instructor notes
+(labs/<lab>/INSTRUCTOR.md) and no instructor-only block of a lab's README. ctest:
+handout_holds_no_answers (label core)."""
 import pathlib
 import re
 import subprocess
@@ -55,6 +57,14 @@ class CheckHandout(unittest.TestCase):
     def test_the_handout_of_this_checkout_is_clean(self):
         result = self.check()
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+    def test_the_labs_instructor_notes_are_left_out(self):
+        notes = sorted(p.relative_to(ROOT) for p in ROOT.glob("labs/*/INSTRUCTOR.md"))
+        self.assertTrue(notes, "no labs/*/INSTRUCTOR.md in this checkout: nothing to check")
+        for note in notes:
+            self.assertFalse((self.handout / note).exists(), f"{note} is in the hand-out")
+        for readme in self.handout.glob("labs/*/README.md"):
+            self.assertNotIn("instructor-only", readme.read_text(), f"{readme.name}: an instructor-only block")
 
     def test_solution_lines_in_the_core_are_found(self):
         lines = fence_lines(ROOT / "solution" / "amp_training" / "grad_scaler.cpp")
