@@ -11,6 +11,7 @@ A lab.yaml is flat `key: value` lines (comments start with #), so that CMake rea
 import dataclasses
 import pathlib
 import re
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("name", "number", "title", "mechanisms")
@@ -52,15 +53,31 @@ def read_lab(path: pathlib.Path) -> LabInfo:
 
 
 def all_labs(root: pathlib.Path = ROOT) -> list:
-    """Every lab under labs/, in course order."""
-    return sorted((read_lab(p) for p in (root / "labs").glob("*/lab.yaml")), key=lambda lab: lab.number)
+    """Every lab under labs/ (each folder there must have its lab.yaml, as the build requires), in
+    course order. Raises LabFileError naming the file."""
+    labs = []
+    for folder in sorted(p for p in (root / "labs").iterdir() if p.is_dir()):
+        if not (folder / "lab.yaml").is_file():
+            raise LabFileError(f"{folder / 'lab.yaml'} is missing: every lab states its name, number, title and "
+                               "mechanisms there")
+        labs.append(read_lab(folder / "lab.yaml"))
+    return sorted(labs, key=lambda lab: lab.number)
+
+
+def labs_or_exit(root: pathlib.Path = ROOT) -> list:
+    """all_labs() for a script: a missing or broken lab.yaml is one line and exit 2."""
+    try:
+        return all_labs(root)
+    except (LabFileError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 def mechanism_labs(root: pathlib.Path = ROOT) -> list:
     """The labs whose code every lab binary's Trainer runs (they are built wherever any lab is)."""
-    return [lab.name for lab in all_labs(root) if lab.mechanisms]
+    return [lab.name for lab in labs_or_exit(root) if lab.mechanisms]
 
 
 if __name__ == "__main__":  # scripts/run.sh --help: the labs, one per line
-    for lab in all_labs():
+    for lab in labs_or_exit():
         print(f"  {lab.name:<20} {lab.full_title}")

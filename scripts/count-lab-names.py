@@ -52,7 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--totals", action="store_true", help="one line per lab")
     args = parser.parse_args()
-    labs = [lab.name for lab in amplab_labs.all_labs()]
+    labs = [lab.name for lab in amplab_labs.labs_or_exit()]
     found = mentions(labs)
     for lab in labs:
         files = found[lab]

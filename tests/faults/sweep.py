@@ -41,7 +41,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import amplab_labs  # noqa: E402
 
-LABS = [lab.name for lab in amplab_labs.all_labs()]  # labs/<lab>/lab.yaml, in course order
+LABS = [lab.name for lab in amplab_labs.labs_or_exit()]  # labs/<lab>/lab.yaml, in course order
 CRASH_TEXT = re.compile(r"terminate called|Segmentation fault|core dumped|Aborted \(core|double free|stack smashing")
 LOG_LINE = re.compile(r"^(\[rank \d+\] )?\[\d\d:\d\d:\d\d (trace|debug|info|warn|warning)\]")
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: ")

@@ -294,6 +294,21 @@ CASES = {
 }
 
 
+# Files a case's submission holds besides its grad_scaler.cpp ({path in the submission: text}).
+# A lab's given code is compiled into every variant from labs/<lab>/given/, and a new file in
+# starter/<lab>/ would look like the student's own: a submission that brings both, each with a
+# static initializer that forges a pass, must earn what its grad_scaler.cpp earns and no more.
+EXTRA_FILES = {
+    "given code of its own": {
+        f"labs/{LAB}/given/forged.cpp": INCLUDES + FORGE_REPORT,
+        f"starter/{LAB}/forged.cpp": f'// TODO({LAB}-1): mine too\n' + INCLUDES + FORGE_REPORT,
+    },
+}
+CASES["given code of its own"] = (starter_text(), "zero",
+                                  "the untouched starter plus a forging file in labs/<lab>/given/ (compiled into every "
+                                  "variant in the course's checkout) and another, marked with a TODO, in starter/<lab>/")
+
+
 def secret_lines():
     """Lines of solution/ fences and hidden tests long enough to be telling."""
     lines = set()
@@ -377,6 +392,9 @@ def run_case(name, source, kind, tests, secrets, work, listener, autograder=None
         shutil.rmtree(submission)
     (submission / "starter" / LAB).mkdir(parents=True)
     (submission / "starter" / LAB / FILE).write_text(source.replace("PORT", str(listener.port)))
+    for path, text in EXTRA_FILES.get(name, {}).items():
+        (submission / path).parent.mkdir(parents=True, exist_ok=True)
+        (submission / path).write_text(text)
     before = fingerprint()
     started = time.monotonic()
     if autograder:
