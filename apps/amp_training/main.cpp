@@ -17,7 +17,6 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/peak.hpp"
@@ -26,6 +25,7 @@
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
 #include "workloads.hpp"
 

@@ -16,7 +16,6 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/timing.hpp"
 #include "amplab/models/bias_gelu_mlp.hpp"
 #include "amplab/report/images.hpp"
@@ -25,6 +24,7 @@
 #include "config.hpp"
 #include "cuda_kernels.hpp"
 #include "kernel_bench.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "photo.hpp"
 
 namespace {

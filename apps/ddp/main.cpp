@@ -17,7 +17,6 @@
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
 #include "amplab/lab_main.hpp"  // run_lab_body
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/gpu_timeline.hpp"  // run.gpu_monitor
 #include "amplab/models/models.hpp"
 #include "amplab/report/plots.hpp"
@@ -28,6 +27,7 @@
 #include "bench.hpp"
 #include "config.hpp"
 #include "ddp_lab.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
 
 namespace {

@@ -8,10 +8,10 @@
 
 #include "amplab/infra/device.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/report/table.hpp"
 #include "config.hpp"
 #include "gpu_basics.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 
 namespace {
 

@@ -15,7 +15,6 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
@@ -24,6 +23,7 @@
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
 #include "harness.hpp"
 #include "memory_optimization.hpp"

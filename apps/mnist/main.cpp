@@ -16,13 +16,13 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/step_profile.hpp"
 #include "config.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "prefetch.hpp"

@@ -18,7 +18,6 @@
 #include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/lab_main.hpp"
-#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/state/study_progress.hpp"
@@ -29,6 +28,7 @@
 #include "config.hpp"
 #include "fp8_tables.hpp"
 #include "gpt.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
 
 namespace {
