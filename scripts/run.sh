@@ -7,13 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-list_labs() {
-  for file in labs/*/lab.yaml; do
-    number=$(sed -n 's/^number: *//p' "$file")
-    printf '%s\t  %-20s Lab %s: %s\n' "$number" "$(sed -n 's/^name: *//p' "$file")" "$number" \
-      "$(sed -n 's/^title: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$file")"
-  done | sort -n | cut -f2-
-}
+list_labs() { python3 scripts/amplab_labs.py; }  # each labs/<lab>/lab.yaml, in course order
 if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
   echo "usage: scripts/run.sh LAB [ARGS...]; the labs:" >&2
   list_labs >&2
