@@ -1,7 +1,8 @@
 """scripts/check-handout.py finds answers planted in a hand-out: three lines of a solution fence
 outside starter/, a mechanism defined in the core, the core including a lab's header; and finds
 none in the hand-out made from this checkout, which holds no lab's instructor notes
-(labs/<lab>/INSTRUCTOR.md) and no instructor-only block of a lab's README. ctest:
+(labs/<lab>/INSTRUCTOR.md), no lab's fault cases (labs/<lab>/faults.py) and no instructor-only
+block of a lab's README. ctest:
 handout_holds_no_answers (label core)."""
 import pathlib
 import re
@@ -65,6 +66,12 @@ class CheckHandout(unittest.TestCase):
             self.assertFalse((self.handout / note).exists(), f"{note} is in the hand-out")
         for readme in self.handout.glob("labs/*/README.md"):
             self.assertNotIn("instructor-only", readme.read_text(), f"{readme.name}: an instructor-only block")
+
+    def test_the_labs_fault_cases_are_left_out(self):
+        cases = sorted(p.relative_to(ROOT) for p in ROOT.glob("labs/*/faults.py"))
+        self.assertTrue(cases, "no labs/*/faults.py in this checkout: nothing to check")
+        for path in cases:
+            self.assertFalse((self.handout / path).exists(), f"{path} is in the hand-out")
 
     def test_solution_lines_in_the_core_are_found(self):
         lines = fence_lines(ROOT / "solution" / "amp_training" / "grad_scaler.cpp")
