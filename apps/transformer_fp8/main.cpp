@@ -23,7 +23,7 @@
 #include "amplab/state/study_progress.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
-#include "amplab/train/step_settings.hpp"
+#include "amplab/train/trainer.hpp"
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
 #include "fp8_tables.hpp"

@@ -8,7 +8,7 @@
 #include "amplab/infra/config.hpp"
 #include "amplab/report/run_dir.hpp"
 #include "amplab/train/precision.hpp"
-#include "amplab/train/step_settings.hpp"
+#include "amplab/train/trainer.hpp"
 
 namespace amp_training {
 
@@ -98,7 +98,8 @@ struct AmpLabConfig {
 
 struct AmpConfig {
   amplab::RunConfig run;
-  amplab::StepSettings train;  // train.fast_path here: PyTorch's fused SGD (one kernel; with fp16 the scaler skips on the device)
+  // train.fast_path here: PyTorch's fused SGD (one kernel; with fp16 the scaler skips on the device).
+  amplab::StepSettings train;
   AmpLabConfig amp;
   template <class V> void fields(V& v) {
     v.section("run", run);

@@ -9,7 +9,7 @@
 #include "amplab/report/run_dir.hpp"
 #include "amplab/train/loss_scaler.hpp"
 #include "amplab/train/precision.hpp"
-#include "amplab/train/step_settings.hpp"
+#include "amplab/train/trainer.hpp"
 #include "amplab/train/trainer.hpp"
 #include "memory_optimization.hpp"
 
@@ -68,7 +68,8 @@ struct FinderSection {
 };
 struct AccumulationSection {
   bool enabled = true;
-  std::string precision = "fp32";  // not fp16: it would need the GradScaler per micro-batch
+  // No fp16 among the choices: it would need the GradScaler per micro-batch.
+  std::string precision = "fp32";
   int64_t factor = 4, steps = 10;
   template <class V> void fields(V& v) {
     v.field("enabled", enabled, "train beyond the largest batch with gradient accumulation");
@@ -141,7 +142,8 @@ struct MemLabConfig {
 };
 struct LabConfig {
   amplab::RunConfig run;
-  amplab::StepSettings train;  // precision is set per row
+  // Precision is set per row (StepSettings::for_row), not by a train: key.
+  amplab::StepSettings train;
   MemLabConfig mem;
   template <class V> void fields(V& v) {
     v.section("run", run);

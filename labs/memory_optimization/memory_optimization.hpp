@@ -117,20 +117,25 @@ Measurement measure(const std::function<void()>& step, torch::Device device, int
 // ---- TODO 2: the largest batch that fits, and the fastest ------------------------------------
 
 struct BatchFinderConfig {
-  int64_t start = 8;            // first batch tried; then doubled until one does not fit
-  int64_t max_batch = 1 << 20;  // never tried beyond this
-  int64_t multiple_of = 8;      // every batch tried is a multiple of this: the search's resolution
-  int64_t trial_steps = 2;      // training steps per trial; the first is warm-up (optimizer state appears), the rest are timed
-  double safety_margin = 0.1;   // recommended = largest fit x (1 - margin): room for fragmentation and longer inputs
+  int64_t start = 8;
+  int64_t max_batch = 1 << 20;
+  int64_t multiple_of = 8;
+  int64_t trial_steps = 2;
+  double safety_margin = 0.1;
 
   template <class V>
   void fields(V& v) {
-    v.field("start", start, "first batch tried (then doubled)", amplab::Range<int64_t>::at_least(1));
+    v.field("start", start, "first batch tried (then doubled until one does not fit)",
+            amplab::Range<int64_t>::at_least(1));
     v.field("max_batch", max_batch, "largest batch ever tried", amplab::Range<int64_t>::at_least(1));
     v.field("multiple_of", multiple_of, "batches tried are multiples of this (search resolution)",
             amplab::Range<int64_t>::at_least(1));
-    v.field("trial_steps", trial_steps, "training steps per trial (first one untimed)", amplab::Range<int64_t>::between(1, 100));
-    v.field("safety_margin", safety_margin, "recommended = largest fit x (1 - margin)", amplab::Range<double>::between(0, 0.9));
+    v.field("trial_steps", trial_steps,
+            "training steps per trial (the first one untimed: warm-up, where the optimizer state appears)",
+            amplab::Range<int64_t>::between(1, 100));
+    v.field("safety_margin", safety_margin,
+            "recommended = largest fit x (1 - margin): room for fragmentation and longer inputs",
+            amplab::Range<double>::between(0, 0.9));
   }
 };
 

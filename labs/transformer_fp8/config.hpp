@@ -8,7 +8,7 @@
 #include "amplab/infra/config.hpp"
 #include "amplab/infra/paths.hpp"
 #include "amplab/report/run_dir.hpp"
-#include "amplab/train/step_settings.hpp"
+#include "amplab/train/trainer.hpp"
 
 namespace transformer_fp8 {
 
@@ -17,7 +17,8 @@ using amplab::Range;
 // ---- Config: the GPU's values (configs/transformer_fp8.yaml's cpu: section has the CPU's) -------
 
 struct GptConfig {
-  int64_t n_layer = 6, n_head = 6, n_embd = 384, block_size = 256, batch = 64;  // nanoGPT's Shakespeare-char model
+  // The defaults are nanoGPT's Shakespeare-char model.
+  int64_t n_layer = 6, n_head = 6, n_embd = 384, block_size = 256, batch = 64;
   double dropout = 0.2;
   std::string attention = "sdpa", fp8_scaling = "dynamic";
   int64_t amax_history = 16;
@@ -38,7 +39,8 @@ struct GptConfig {
 struct StudyConfig {
   std::vector<std::string> rows = {"fp32", "tf32", "fp16", "fp16-no-scaler", "bf16", "fp8"};
   int64_t steps = 300, eval_every = 100, eval_iters = 20, warmup = 10, attention_steps = 30, sample_tokens = 300;
-  int64_t lr_warmup_steps = 100, lr_decay_steps = 5000;  // nanoGPT's Shakespeare-char schedule
+  // The defaults are nanoGPT's Shakespeare-char schedule.
+  int64_t lr_warmup_steps = 100, lr_decay_steps = 5000;
   double min_lr = 1e-4;
   bool attention_study = true, fp8_mlp = true, plots = true;
   template <class V>

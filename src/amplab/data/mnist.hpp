@@ -12,10 +12,11 @@
 namespace amplab {
 
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist
-  std::string dir = "";                    // where the four IDX files are; "" searches (see find_dataset_dir)
-  int64_t train_limit = 0;                 // use only the first N training images (0: all)
-  int64_t test_limit = 0;                  // use only the first N test images (0: all)
+  std::string dataset = "fashion-mnist";
+  // Empty: find_dataset_dir (below) searches for the four IDX files.
+  std::string dir = "";
+  int64_t train_limit = 0;
+  int64_t test_limit = 0;
 
   template <class V>
   void fields(V& v) {

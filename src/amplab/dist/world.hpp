@@ -70,16 +70,16 @@ inline constexpr Range<double> kTimeoutRange{0.0, 7 * 24 * 3600.0, true};
 
 // Settings of distributed runs, under `dist:` in a lab's YAML. Ignored by single-process runs.
 struct DistConfig {
-  Backend backend = Backend::automatic;  // see Backend
-  double timeout_s = 300;                // seconds any rank waits for the others before failing
-  double heartbeat_timeout_s = 15;       // seconds of silence after which a rank is taken for dead
-  double bucket_mb = 25;                 // MiB of gradients all-reduced together (PyTorch's bucket_cap_mb)
-  bool overlap = true;                   // all-reduce each bucket as soon as its gradients are ready
-  bool broadcast_buffers = true;         // copy rank 0's buffers (e.g. BatchNorm stats) before each forward
-  bool step_each_bucket = true;          // fused optimizer, no loss scaling, no clipping: update each bucket
-                                         // as soon as its all-reduce is done (Trainer::step)
-  bool nccl_high_priority = true;        // NCCL's stream at high priority (TORCH_NCCL_HIGH_PRIORITY=1)
-  Compression compression = Compression::none;  // see Compression
+  Backend backend = Backend::automatic;
+  double timeout_s = 300;
+  double heartbeat_timeout_s = 15;
+  double bucket_mb = 25;
+  bool overlap = true;
+  bool broadcast_buffers = true;
+  // Trainer::step does the per-bucket update.
+  bool step_each_bucket = true;
+  bool nccl_high_priority = true;
+  Compression compression = Compression::none;
 
   template <class V>
   void fields(V& v) {
@@ -92,9 +92,11 @@ struct DistConfig {
             "seconds without a sign of life from a rank (a heartbeat every 0.5 s) before the others stop, naming it "
             "(2 s once a rank was sent SIGINT/SIGTERM, as launchers do when a worker dies)",
             kTimeoutRange);
-    v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket", Range<double>::positive());
+    v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket (PyTorch DDP's bucket_cap_mb)",
+            Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
-    v.field("broadcast_buffers", broadcast_buffers, "broadcast rank 0's module buffers before each forward");
+    v.field("broadcast_buffers", broadcast_buffers,
+            "broadcast rank 0's module buffers (e.g. BatchNorm's running statistics) before each forward");
     v.field("nccl_high_priority", nccl_high_priority,
             "run NCCL's kernels on a high-priority CUDA stream, so that an all-reduce is not queued behind "
             "backward's kernels (PyTorch: TORCH_NCCL_HIGH_PRIORITY=1)");

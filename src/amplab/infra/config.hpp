@@ -3,8 +3,8 @@
 // Every config struct lists its fields once, in a member template:
 //
 //   struct OptimConfig {
-//     double lr = 0.01;   // learning rate
-//     int epochs = 1;     // passes over the training set
+//     double lr = 0.01;
+//     int epochs = 1;
 //     template <class V> void fields(V& v) {
 //       v.field("lr", lr, "learning rate", Range<double>::positive());
 //       v.field("epochs", epochs, "passes over the training set", Range<int64_t>::at_least(1));
@@ -13,6 +13,9 @@
 //
 // and the same list drives reading (with errors naming file:line, key and what is allowed),
 // --set overrides, --help's key listing, and writing the resolved config into the run directory.
+// A key is described once, in its field() text: that is what --help and config.yaml print. A
+// comment on the member is for the code only (why the default, how it is used), on a line of
+// its own above it (scripts/check-config-descriptions.py checks).
 // yaml-cpp stays inside config.cpp: this header only declares the visitor.
 #pragma once
 

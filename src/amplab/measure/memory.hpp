@@ -21,16 +21,17 @@ enum class Phase { forward, backward, optimizer, other };
 const char* to_string(Phase phase);
 
 struct MemoryConfig {
-  bool track = true;              // measure per phase (host-side counters: no device sync)
-  bool timeline = true;           // keep every sample for memory_timeline.csv
-  int64_t leak_window = 50;       // steps over which steady growth of allocated memory is a leak
-  double leak_min_mib = 1.0;      // growth below this over the window is noise
+  bool track = true;
+  bool timeline = true;
+  int64_t leak_window = 50;
+  double leak_min_mib = 1.0;
 
   template <class V>
   void fields(V& v) {
-    v.field("track", track, "measure memory per phase of each step");
+    v.field("track", track, "measure memory per phase of each step (host-side counters: no device sync)");
     v.field("timeline", timeline, "keep a per-phase timeline (memory_timeline.csv)");
-    v.field("leak_window", leak_window, "steps over which steady growth is reported as a leak", Range<int64_t>::at_least(2));
+    v.field("leak_window", leak_window, "steps over which steady growth of allocated memory is reported as a leak",
+            Range<int64_t>::at_least(2));
     v.field("leak_min_mib", leak_min_mib, "growth below this (MiB) over the window is ignored", Range<double>::at_least(0));
   }
 };

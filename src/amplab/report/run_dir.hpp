@@ -21,16 +21,16 @@ std::string check_device_spec(const std::string& spec);
 
 // Settings every lab shares, under `run:` in its YAML.
 struct RunConfig {
-  std::string device = "auto";          // auto | cpu | cuda | cuda:N
-  int64_t seed = 0;                     // seeds torch's CPU and CUDA generators
-  std::string out_dir = "runs";         // run directories go under <out_dir>/<lab>/
+  std::string device = "auto";
+  int64_t seed = 0;
+  std::string out_dir = "runs";
   log::Level log_level = log::Level::info;
-  bool deterministic = false;           // deterministic kernels (bitwise repeatable, slower on GPU)
-  bool cudnn_benchmark = false;         // let cuDNN time its algorithms for each new shape, keep the fastest
+  bool deterministic = false;
+  bool cudnn_benchmark = false;
   bool gpu_monitor = true;
   bool memory_snapshot = false;
   bool trace = false;
-  std::vector<std::string> trace_phases;  // empty: every phase
+  std::vector<std::string> trace_phases;
   double trace_seconds = 1.0;
   int64_t trace_budget_mb = 50;
 
@@ -47,17 +47,17 @@ struct RunConfig {
     v.field("memory_snapshot", memory_snapshot,
             "on a GPU: record every allocation and free into memory_snapshot.pickle (open it at pytorch.org/memory_viz)");
     v.field("trace", trace,
-            "write profiler traces (open them in ui.perfetto.dev; a traced run's timings carry the profiler's overhead): "
-            "mnist traces 5 training steps after 10 (trace-<mode>.json), ddp none (see bench.trace), the other labs each "
-            "phase they mark into trace-<phase>.json, as trace_phases, trace_seconds and trace_budget_mb allow");
+            "write a profiler trace of each phase the lab marks into trace-<phase>.json, as trace_phases, trace_seconds "
+            "and trace_budget_mb allow (open them in ui.perfetto.dev; a traced run's timings carry the profiler's "
+            "overhead; train.trace_steps traces a window of training steps instead)");
     v.field("trace_phases", trace_phases,
-            "with trace, outside mnist: trace only the phases whose name contains one of these words (empty: every phase)");
+            "with trace: trace only the phases whose name contains one of these words (empty: every phase)");
     v.field("trace_seconds", trace_seconds,
-            "with trace, outside mnist: a phase's trace ends at its first training step or timed window after this "
+            "with trace: a phase's trace ends at its first training step or timed window after this "
             "many seconds; the rest of the phase runs untraced",
             Range<double>::between(0.001, 86400));
     v.field("trace_budget_mb", trace_budget_mb,
-            "with trace, outside mnist: start no phase's trace once the traces written reach this many MiB",
+            "with trace: start no phase's trace once the traces written reach this many MiB",
             Range<int64_t>::between(1, 100000));
   }
 };

@@ -33,15 +33,16 @@ constexpr uint32_t kCheckpointFormatVersion = 2;
 constexpr uint32_t kOldestReadableCheckpointVersion = 1;
 
 struct CheckpointConfig {
-  std::string dir = "";          // "" = <run.out_dir>/<lab>/checkpoints (shared by the lab's runs)
-  int64_t every_steps = 0;       // also save every N optimizer steps (0: only at epoch ends)
-  bool every_epoch = true;       // save at the end of each epoch
-  int64_t keep_last = 3;         // keep this many step-*.ckpt files, delete older ones
-  bool on_interrupt = true;      // save when Ctrl-C / SIGTERM stops the run
+  std::string dir = "";
+  int64_t every_steps = 0;
+  bool every_epoch = true;
+  int64_t keep_last = 3;
+  bool on_interrupt = true;
 
   template <class V>
   void fields(V& v) {
-    v.field("dir", dir, "checkpoint directory (empty: <run.out_dir>/<lab>/checkpoints)", check_path_value);
+    v.field("dir", dir, "checkpoint directory (empty: <run.out_dir>/<lab>/checkpoints, shared by the lab's runs)",
+            check_path_value);
     v.field("every_steps", every_steps, "save every N optimizer steps (0: off)", Range<int64_t>::at_least(0));
     v.field("every_epoch", every_epoch, "save at the end of each epoch");
     v.field("keep_last", keep_last, "how many checkpoints to keep", Range<int64_t>::at_least(1));

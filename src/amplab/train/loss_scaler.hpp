@@ -19,18 +19,19 @@
 namespace amplab {
 
 struct GradScalerConfig {
-  double init_scale = 65536.0;     // 2^16, the first loss scale
-  double growth_factor = 2.0;      // scale *= this after growth_interval clean steps (> 1)
-  double backoff_factor = 0.5;     // scale *= this after a step with inf/NaN gradients (< 1)
-  int64_t growth_interval = 2000;  // clean steps between growths
-  bool enabled = true;             // false: scale/unscale/update do nothing, step just steps
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  bool enabled = true;  // false: scale/unscale/update do nothing, step just steps
 
   template <class V>
   void fields(V& v) {
     v.field("init_scale", init_scale, "first loss scale", Range<double>::positive());
     v.field("growth_factor", growth_factor, "scale multiplier after growth_interval clean steps",
             Range<double>{1.0, std::numeric_limits<double>::max(), true});
-    v.field("backoff_factor", backoff_factor, "scale multiplier after an overflow", Range<double>{0.0, 1.0, true});
+    v.field("backoff_factor", backoff_factor, "scale multiplier after an overflow (inf/NaN gradients)",
+            Range<double>{0.0, 1.0, true});
     v.field("growth_interval", growth_interval, "clean steps between growths", Range<int64_t>::at_least(1));
   }
 };

@@ -26,25 +26,26 @@
 namespace amplab {
 
 struct OptimizerConfig {
-  std::string name = "sgd";   // sgd | adam | adamw
-  double lr = 0.01;           // learning rate
-  double momentum = 0.0;      // sgd only
-  double weight_decay = 0.0;  // L2 penalty (sgd, adam) or decoupled decay (adamw)
-  double beta1 = 0.9;         // adam/adamw
-  double beta2 = 0.999;       // adam/adamw
-  double eps = 1e-8;          // adam/adamw
-  std::string schedule = "constant";  // constant | linear: lr falls linearly towards 0 over the run's steps
-  double warmup = 0.0;        // fraction of the run's steps over which lr first rises linearly from 0
+  std::string name = "sgd";
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  std::string schedule = "constant";
+  double warmup = 0.0;
 
   template <class V>
   void fields(V& v) {
     v.choice("name", name, {"sgd", "adam", "adamw"}, "optimizer");
     v.field("lr", lr, "learning rate", Range<double>::positive());
-    v.field("momentum", momentum, "SGD momentum", Range<double>::between(0, 1));
-    v.field("weight_decay", weight_decay, "weight decay", Range<double>::at_least(0));
-    v.field("beta1", beta1, "Adam beta1", Range<double>::between(0, 1));
-    v.field("beta2", beta2, "Adam beta2", Range<double>::between(0, 1));
-    v.field("eps", eps, "Adam epsilon", Range<double>::positive());
+    v.field("momentum", momentum, "SGD momentum (sgd only)", Range<double>::between(0, 1));
+    v.field("weight_decay", weight_decay, "weight decay: an L2 penalty (sgd, adam) or decoupled decay (adamw)",
+            Range<double>::at_least(0));
+    v.field("beta1", beta1, "Adam beta1 (adam, adamw)", Range<double>::between(0, 1));
+    v.field("beta2", beta2, "Adam beta2 (adam, adamw)", Range<double>::between(0, 1));
+    v.field("eps", eps, "Adam epsilon (adam, adamw)", Range<double>::positive());
     v.choice("schedule", schedule, {"constant", "linear"},
              "learning rate per step after the warm-up: constant, or linear = falling to 0 at the end of the run");
     v.field("warmup", warmup, "fraction of the run's steps over which the rate rises linearly from 0 first",
@@ -78,43 +79,79 @@ inline constexpr const char* kFastPathDescription =
     "SGD/AdamW (sgd and adamw only), and on a GPU each step replayed as one CUDA graph where the lab replays; "
     "false: the textbook network, torch's optimizers, eager steps";
 
-struct TrainConfig {
-  int epochs = 1;                       // passes over the training set
-  int64_t batch_size = 64;              // samples per micro-batch (per process in DDP)
-  int accumulation_steps = 1;           // micro-batches per optimizer step
-  Precision precision = Precision::fp32;
-  std::string loss_scaling = "auto";    // auto (fp16-mixed only) | on | off
-  double grad_clip_norm = 0.0;          // clip the global gradient 2-norm to this (0: off)
-  int64_t log_every = 50;               // optimizer steps between log lines (each costs a host sync)
-  int64_t max_steps = 0;                // stop after this many optimizer steps in total (0: no limit)
-  bool drop_last = false;               // skip the last, smaller batch of an epoch
-  bool fast_path = false;               // the fused network, fused optimizer and CUDA graphs (src/amplab/fast/)
-  int divergence_patience = 10;         // stop after this many consecutive non-finite losses (fp32/bf16)
-  double min_loss_scale = 1.0 / 1024;   // fp16: stop when the loss scale falls below this
-  bool progress = true;                 // progress bar with ETA on interactive terminals
+// The settings of the step itself, which every row of a lab shares: a lab whose rows each pick
+// their own precision and loss scaling declares its train: section as these alone, and makes each
+// row's TrainConfig with for_row(), so that a key added here reaches every row. A lab with another
+// default clip gives it where it declares the section:
+//   amplab::StepSettings train{/*grad_clip_norm=*/1.0};
+struct TrainConfig;
+struct StepSettings {
+  explicit StepSettings(double default_grad_clip_norm = 0.0) : grad_clip_norm(default_grad_clip_norm) {}
+  double grad_clip_norm;
+  bool fast_path = false;
   OptimizerConfig optimizer;
-  GradScalerConfig grad_scaler;         // used when loss scaling is on
+  GradScalerConfig grad_scaler;
+
+  // A row's trainer config: these settings, with the row's precision and loss scaling.
+  TrainConfig for_row(Precision precision, const std::string& loss_scaling) const;
 
   template <class V>
   void fields(V& v) {
-    v.field("epochs", epochs, "passes over the training set", Range<int64_t>::at_least(1));
-    v.field("batch_size", batch_size, "samples per micro-batch (per process)", Range<int64_t>::at_least(1));
-    v.field("accumulation_steps", accumulation_steps, "micro-batches per optimizer step", Range<int64_t>::at_least(1));
-    v.field("precision", precision, "numeric precision");
-    v.choice("loss_scaling", loss_scaling, {"auto", "on", "off"}, "GradScaler: auto = only for fp16-mixed");
-    v.field("grad_clip_norm", grad_clip_norm, "clip the gradient 2-norm to this (0: off)", Range<double>::at_least(0));
-    v.field("log_every", log_every, "optimizer steps between log lines", Range<int64_t>::at_least(1));
-    v.field("max_steps", max_steps, "stop after this many optimizer steps (0: no limit)", Range<int64_t>::at_least(0));
-    v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
+    v.field("grad_clip_norm", grad_clip_norm, "clip the global gradient 2-norm to this (0: off)",
+            Range<double>::at_least(0));
     v.field("fast_path", fast_path, kFastPathDescription);
-    v.field("divergence_patience", divergence_patience, "consecutive non-finite losses before stopping",
-            Range<int64_t>::at_least(1));
-    v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
-    v.field("progress", progress, "progress bar on interactive terminals");
     v.section("optimizer", optimizer);
     v.section("grad_scaler", grad_scaler);
   }
 };
+
+// The train: section of a lab that trains through the core's loop: the step's settings and the run's.
+struct TrainConfig : StepSettings {
+  int epochs = 1;
+  int64_t batch_size = 64;
+  int accumulation_steps = 1;
+  Precision precision = Precision::fp32;
+  std::string loss_scaling = "auto";
+  int64_t log_every = 50;
+  int64_t max_steps = 0;
+  bool drop_last = false;
+  int divergence_patience = 10;
+  double min_loss_scale = 1.0 / 1024;
+  bool progress = true;
+  bool trace_steps = false;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("epochs", epochs, "passes over the training set", Range<int64_t>::at_least(1));
+    v.field("batch_size", batch_size, "samples per micro-batch (per process in DDP)", Range<int64_t>::at_least(1));
+    v.field("accumulation_steps", accumulation_steps, "micro-batches per optimizer step", Range<int64_t>::at_least(1));
+    v.field("precision", precision, "numeric precision");
+    v.choice("loss_scaling", loss_scaling, {"auto", "on", "off"}, "GradScaler: auto = only for fp16-mixed");
+    v.field("log_every", log_every, "optimizer steps between log lines (each costs a host sync)",
+            Range<int64_t>::at_least(1));
+    v.field("max_steps", max_steps, "stop after this many optimizer steps in total (0: no limit)",
+            Range<int64_t>::at_least(0));
+    v.field("drop_last", drop_last, "skip the last, smaller batch of each epoch");
+    v.field("divergence_patience", divergence_patience,
+            "consecutive non-finite losses before stopping (fp32, bf16; fp16 has min_loss_scale)",
+            Range<int64_t>::at_least(1));
+    v.field("min_loss_scale", min_loss_scale, "fp16: stop when the loss scale falls below this", Range<double>::positive());
+    v.field("progress", progress, "progress bar with ETA on interactive terminals");
+    v.field("trace_steps", trace_steps,
+            "write a profiler trace of 5 optimizer steps after the first 10 (or the first half of a shorter run) into "
+            "trace-<row>.json in the run directory, for ui.perfetto.dev (a traced run's timings carry the profiler's "
+            "overhead)");
+    StepSettings::fields(v);
+  }
+};
+
+inline TrainConfig StepSettings::for_row(Precision precision, const std::string& loss_scaling) const {
+  TrainConfig row;
+  static_cast<StepSettings&>(row) = *this;
+  row.precision = precision;
+  row.loss_scaling = loss_scaling;
+  return row;
+}
 
 // Makes the trainer's optimizer for `parameters`. Without one the trainer uses make_optimizer and
 // refuses train.fast_path: the fast path's fused optimizers come from src/amplab/fast/fast_path.hpp
