@@ -21,7 +21,7 @@
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/peak.hpp"
 #include "amplab/measure/timing.hpp"
-#include "amplab/models/deep_narrow.hpp"
+#include "deep_narrow.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
@@ -186,7 +186,7 @@ void record_underflow(AmpLab& lab, uint64_t seed) {
                     {"nonzero_fp32", "non-zero fp32 grads", amplab::decimals(0)}, {"fp16_unscaled", "fp16, no scaling", percent},
                     {"fp16_scaled", "fp16, scale " + amplab::fixed(scale, 0), percent}, {"bf16", "bf16", percent}});
   torch::manual_seed(seed);
-  amplab::DeepNarrow net(c.depth, c.width);
+  amp_training::DeepNarrow net(c.depth, c.width);
   net->to(lab.device);
   amplab::Batch batch{torch::randn({c.batch, c.width}, lab.device),
                       torch::randint(0, 10, {c.batch}, torch::TensorOptions().dtype(torch::kInt64).device(lab.device))};

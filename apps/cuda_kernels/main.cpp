@@ -17,7 +17,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/timing.hpp"
-#include "amplab/models/bias_gelu_mlp.hpp"
+#include "bias_gelu_mlp.hpp"
 #include "amplab/report/images.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
@@ -241,13 +241,13 @@ void part_fused_op(Lab& lab, const Timer& timer) {
 // the bias and GELU three ways.
 void part_fused_mlp(Lab& lab, const Timer& timer) {
   const auto& f = lab.config.fused;
-  const amplab::BiasGeluMlp mlp(f.mlp_width, f.mlp_layers, timer.device);
+  const cuda_kernels::BiasGeluMlp mlp(f.mlp_width, f.mlp_layers, timer.device);
   auto options = torch::TensorOptions().device(timer.device);
   auto input = torch::randn({f.mlp_batch, f.mlp_width}, options), target = torch::randn({f.mlp_batch, f.mlp_width}, options);
   torch::optim::SGD sgd(mlp.parameters(), torch::optim::SGDOptions(1e-4));
   auto& table = lab.results.table("fused_mlp", {{"epilogue", "epilogue"}, {"ms_per_step", "ms per step", decimals(3)},
                                                 {"speedup_vs_composed", "speed-up vs composed", amplab::times(3)}});
-  const std::vector<std::pair<std::string, amplab::BiasGeluMlp::Epilogue>> epilogues = {
+  const std::vector<std::pair<std::string, cuda_kernels::BiasGeluMlp::Epilogue>> epilogues = {
       {"Linear + (x + bias) + gelu, composed", ck::bias_gelu_composed},
       {"Linear(bias) + gelu (bias in cuBLAS's epilogue)", nullptr},
       {"Linear + fused bias_gelu (yours)", ck::bias_gelu}};

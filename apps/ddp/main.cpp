@@ -7,21 +7,15 @@
 #include <torch/torch.h>
 
 #include <iostream>
-#include <memory>
+#include <optional>
+#include <string>
 
 #include "amplab/data/mnist.hpp"
 #include "amplab/dist/trainer_sync.hpp"  // the loop's hooks
 #include "amplab/fast/fast_path.hpp"
-#include "amplab/infra/app.hpp"
-#include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
-#include "amplab/infra/signals.hpp"
-#include "amplab/lab_main.hpp"  // run_lab_body
-#include "amplab/measure/gpu_timeline.hpp"  // run.gpu_monitor
+#include "amplab/lab_main.hpp"
 #include "amplab/models/models.hpp"
-#include "amplab/report/plots.hpp"
-#include "amplab/report/report.hpp"
-#include "amplab/report/results.hpp"
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "bench.hpp"
@@ -36,7 +30,7 @@ using ddp_lab::DdpConfig;
 
 // Trains the MNIST network data-parallel with dist.sync, then checks that every rank holds the
 // same parameters; the epochs and the check go into `results`.
-int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& run, const std::string& yaml,
+int train(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::RunDir& run, const std::string& yaml,
           const amplab::CommandLine& cli, amplab::Results& results) {
   const auto& world = setup.world;
   amplab::MnistData data = amplab::load_mnist(config.data);
@@ -92,69 +86,52 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::RunDir& 
   }
 
   // Every rank must hold bit-identical parameters after data-parallel training.
-  const auto [identical, mine] = amplab::dist::check_parameters_identical(*setup.comm, *net);
+  const ddp_lab::ParameterCheck check = ddp_lab::check_parameters_identical(*setup.comm, *net);
   if (world.is_main())
-    std::cout << "parameters identical on all " << world.world_size << " rank(s): " << (identical ? "yes" : "NO")
-              << " (crc32 " << mine << ")\n";
+    std::cout << "parameters identical on all " << world.world_size << " rank(s): "
+              << (check.identical ? "yes" : "NO, rank " + std::to_string(check.first_different_rank) + " differs")
+              << " (crc32 " << check.fingerprint << ")\n";
   auto& epochs = results.table("epochs", {{"epoch", ""}, {"seconds", ""}, {"train_loss", ""}, {"samples_per_second_global", ""}, {"eval", ""}});
   for (const auto& e : fit.epochs) epochs.add({e.epoch, e.seconds, e.train_loss, e.samples_per_second * world.world_size, e.eval});
   results.set("world_size", world.world_size);
   results.set("backend", setup.comm->backend());
   results.set("sync", amplab::enum_to_string(config.dist.sync));
   results.set("fast_path", config.train.fast_path);
-  results.set("parameters_identical", identical);
-  results.set("fingerprint", mine);
-  return identical ? amplab::kExitOk : amplab::kExitFailure;
+  results.set("parameters_identical", check.identical);
+  results.set("fingerprint", check.fingerprint);
+  return check.identical ? amplab::kExitOk : amplab::kExitFailure;
+}
+
+// Refuses, before the run directory exists, values that do not go together.
+std::optional<int> check_config(const DdpConfig& config, const amplab::ConfigSource& source) {
+  if (config.bench.first_layer_pieces > config.bench.width)
+    throw amplab::Error(source.where("bench.first_layer_pieces") + ": bench.first_layer_pieces: " +
+                        std::to_string(config.bench.first_layer_pieces) + " pieces of a layer with bench.width = " +
+                        std::to_string(config.bench.width) + " outputs (" + source.where("bench.width") +
+                        "); allowed: 1 to bench.width");
+  return std::nullopt;
+}
+
+// The lab's body on one rank: join the job (the student's ddp-1), then train or benchmark.
+int run_rank(amplab::Lab<DdpConfig>& lab) {
+  const std::string yaml = amplab::to_yaml(lab.config);
+  const DdpConfig& config = lab.config;
+  ddp_lab::Setup setup = ddp_lab::join_job(lab.world, lab.device, config.dist, yaml);
+  amplab::log::info(lab.world.describe() + ", " + setup.comm->backend());
+  lab.size_keys = config.bench.enabled ? "bench.width, bench.layers or bench.batch" : "train.batch_size or data.train_limit";
+  lab.draw_plots = config.bench.enabled;
+  const int code = config.bench.enabled ? ddp_lab::run_bench(config, setup, lab.run, lab.results, amplab::course_mechanisms(),
+                                                             amplab::make_fast_path_optimizer)
+                                        : train(config, setup, lab.run, yaml, lab.cli, lab.results);
+  setup.comm->shutdown();  // every rank leaves in order: rank 0 hosts the store
+  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return amplab::guarded_main([&]() -> int {
-    DdpConfig config, defaults;
-    amplab::CommandLine cli;
-    if (auto code = amplab::parse_command_line(argc, argv, amplab::this_lab::kName, amplab::this_lab::kTitle,
-                                               amplab::describe_keys(defaults), cli))
-      return *code;
-    const auto source = amplab::load_lab_config(cli, config);
-    if (config.bench.first_layer_pieces > config.bench.width)
-      throw amplab::Error(source.where("bench.first_layer_pieces") + ": bench.first_layer_pieces: " +
-                          std::to_string(config.bench.first_layer_pieces) +
-                          " pieces of a layer with bench.width = " + std::to_string(config.bench.width) + " outputs (" +
-                          source.where("bench.width") + "); allowed: 1 to bench.width");
-    const std::string yaml = amplab::to_yaml(config);
-    ddp_lab::Setup setup = ddp_lab::init_distributed(config.dist, config.run.device);
-    amplab::dist::require_same_config(*setup.comm, yaml);
-    amplab::RunDir run = ddp_lab::make_run_dir(config.run, yaml, setup.world);
-    amplab::apply_run_settings(config.run);
-    amplab::InterruptHandler interrupts;
-    amplab::log::info(setup.world.describe() + " on " + amplab::describe(setup.device));
-    // run.gpu_monitor: rank 0's GPU, sampled into rank 0's run directory (the other ranks write no files).
-    std::unique_ptr<amplab::GpuTimeline> gpu_timeline;
-    if (config.run.gpu_monitor && run.enabled() && setup.device.is_cuda())
-      gpu_timeline = std::make_unique<amplab::GpuTimeline>(setup.device, run.file("gpu_monitor.csv"));
-    amplab::Results results;
-    const std::string size_keys = config.bench.enabled ? "bench.width, bench.layers or bench.batch"
-                                                       : "train.batch_size or data.train_limit";
-    const int code = amplab::run_lab_body(
-        [&] {
-          return config.bench.enabled ? ddp_lab::run_bench(config, setup, run, results, amplab::course_mechanisms(),
-                                                                  amplab::make_fast_path_optimizer)
-                                      : train(config, setup, run, yaml, cli, results);
-        },
-        size_keys).exit_code;
-    if (gpu_timeline && gpu_timeline->available()) {
-      gpu_timeline->stop();
-      results.set("gpu_monitor", gpu_timeline->summary());
-    }
-    results.write(run);  // rank 0's run directory only
-    std::cout << std::flush;  // before the plot script writes to the same stream
-    if (config.bench.enabled && run.enabled()) {
-      amplab::make_plots(amplab::this_lab::kName, run);
-      amplab::write_report(run);  // the README's questions with this run's tables and plot
-    }
-    if (gpu_timeline && gpu_timeline->available() && code == amplab::kExitOk) amplab::make_plots("gpu_monitor", run);
-    setup.comm->shutdown();
-    return code;
-  });
+  amplab::LabInfo info{.name = amplab::this_lab::kName, .title = amplab::this_lab::kTitle, .accepts_resume = true,
+                       .size_keys = "bench.width, bench.layers or bench.batch, or train.batch_size",
+                       .resume_help = "", .one_process_per_rank = true};
+  return amplab::lab_main<DdpConfig>(argc, argv, info, check_config, run_rank);
 }

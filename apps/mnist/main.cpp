@@ -20,7 +20,7 @@
 #include "amplab/report/table.hpp"
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
-#include "amplab/train/step_profile.hpp"
+#include "step_profile.hpp"
 #include "config.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
@@ -96,7 +96,7 @@ class ModeRunner {
   }
 
   mnist::ModeResult run(const mnist::Mode& mode);
-  const std::map<std::string, std::vector<amplab::PhaseTiming>>& profiles() const { return profiles_; }
+  const std::map<std::string, std::vector<mnist::PhaseTiming>>& profiles() const { return profiles_; }
   const std::map<std::string, int>& profile_counts() const { return profile_counts_; }
   const std::string& config_yaml() const { return config_yaml_; }
 
@@ -116,7 +116,7 @@ class ModeRunner {
   amplab::ResumePoint resume_;
   std::string resume_mode_;
   std::vector<mnist::ModeResult> finished_;
-  std::map<std::string, std::vector<amplab::PhaseTiming>> profiles_;  // per mode label
+  std::map<std::string, std::vector<mnist::PhaseTiming>> profiles_;  // per mode label
   std::map<std::string, int> profile_counts_;              // the steps each mode's profile took
 };
 
@@ -127,7 +127,6 @@ amplab::FitOptions ModeRunner::fit_options(const mnist::Mode& mode, bool resumin
   options.config_yaml = config_yaml_;
   options.data_seed = static_cast<uint64_t>(config_.run.seed);
   options.run_dir = &lab_.run;
-  options.trace = config_.run.trace;
   options.checkpoint = config_.checkpoint;
   options.checkpoint_dir = checkpoint_dir_;
   options.resume = resuming ? resume_.path : "";
@@ -216,7 +215,7 @@ void ModeRunner::profile(const mnist::Mode& mode, amplab::Trainer& trainer, ampl
   profile_counts_[mode.label()] = steps;
   amplab::log::info("[" + mode.label() + "] profile: " + std::to_string(steps) + " steps phase by phase, then back to back");
   lab_.phase("profile " + mode.label());
-  auto rows = amplab::profile_step(trainer, batches, steps);
+  auto rows = mnist::profile_step(trainer, batches, steps);
   const double epoch_step_ms = seconds_per_epoch * 1000.0 / static_cast<double>(batches.batches_per_epoch());
   rows.push_back({"the epoch's step (" + std::string(graphed ? "CUDA graph" : "eager") + ")", epoch_step_ms, epoch_step_ms});
   profiles_[mode.label()] = rows;
@@ -315,6 +314,6 @@ int main(int argc, char** argv) {
   return amplab::lab_main<MnistConfig>(
       argc, argv,
       {amplab::this_lab::kName, amplab::this_lab::kTitle, /*accepts_resume=*/true,
-       "train.batch_size, mnist.eval_batch_size, data.train_limit", /*traces_own_steps=*/true},
+       "train.batch_size, mnist.eval_batch_size, data.train_limit"},
       check_config, run_lab);
 }

@@ -1,8 +1,8 @@
-#include "amplab/models/deep_narrow.hpp"
+#include "deep_narrow.hpp"
 
 #include <torch/torch.h>
 
-namespace amplab {
+namespace amp_training {
 
 DeepNarrowImpl::DeepNarrowImpl(int64_t depth, int64_t width) {
   for (int64_t i = 0; i < depth; ++i)
@@ -15,4 +15,4 @@ torch::Tensor DeepNarrowImpl::forward(torch::Tensor x) {
   return head->forward(x);
 }
 
-}  // namespace amplab
+}  // namespace amp_training

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace amplab {
+namespace amp_training {
 
 // (N, width) -> (N, 10): `depth` x (Linear(width, width) + tanh), then Linear(width, 10).
 struct DeepNarrowImpl : torch::nn::Module {
@@ -17,4 +17,4 @@ struct DeepNarrowImpl : torch::nn::Module {
 };
 TORCH_MODULE(DeepNarrow);
 
-}  // namespace amplab
+}  // namespace amp_training

@@ -1,8 +1,8 @@
-#include "amplab/models/small_cnn.hpp"
+#include "small_cnn.hpp"
 
 #include <torch/torch.h>
 
-namespace amplab {
+namespace amp_training {
 
 SmallCnnImpl::SmallCnnImpl(int64_t c, int64_t classes) {
   using torch::nn::Conv2dOptions;
@@ -20,4 +20,4 @@ torch::Tensor SmallCnnImpl::forward(torch::Tensor x) {
   return fc(x);
 }
 
-}  // namespace amplab
+}  // namespace amp_training

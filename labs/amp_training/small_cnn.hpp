@@ -5,7 +5,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
-namespace amplab {
+namespace amp_training {
 
 // (N, 3, S, S) -> (N, classes): convolutions of c, 2c and 4c channels (the last two with stride
 // 2), ReLU after each, global average pooling, Linear(4c, classes).
@@ -17,4 +17,4 @@ struct SmallCnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(SmallCnn);
 
-}  // namespace amplab
+}  // namespace amp_training

@@ -1,8 +1,8 @@
-#include "amplab/models/wide_mlp.hpp"
+#include "wide_mlp.hpp"
 
 #include <torch/torch.h>
 
-namespace amplab {
+namespace amp_training {
 
 WideMlpImpl::WideMlpImpl(int64_t width, int64_t layers) {
   for (int64_t i = 0; i < layers; ++i)
@@ -23,4 +23,4 @@ double wide_mlp_step_flops(int64_t batch, int64_t width, int64_t layers) {
          static_cast<double>(width);
 }
 
-}  // namespace amplab
+}  // namespace amp_training

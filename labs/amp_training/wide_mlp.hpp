@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace amplab {
+namespace amp_training {
 
 // (N, width) -> (N, width). At width 8192 each Linear is an 8192^3 matmul per 8192 samples.
 // Unlike make_mlp (models.hpp), no ReLU after the last Linear.
@@ -23,4 +23,4 @@ TORCH_MODULE(WideMlp);
 // 11/12 of the "6 x batch x parameters" rule for 4 layers; biases and ReLUs neglected.
 double wide_mlp_step_flops(int64_t batch, int64_t width, int64_t layers);
 
-}  // namespace amplab
+}  // namespace amp_training

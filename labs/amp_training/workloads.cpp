@@ -7,15 +7,15 @@
 #include "amplab/infra/log.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/models/models.hpp"
-#include "amplab/models/small_cnn.hpp"
-#include "amplab/models/wide_mlp.hpp"
+#include "small_cnn.hpp"
+#include "wide_mlp.hpp"
 #include "amplab/train/precision.hpp"
 
 namespace amp_training {
 namespace {
 
 void make_mlp_workload(Workload& w, const MlpConfig& c, torch::Device device) {
-  amplab::WideMlp net(c.width, c.layers);
+  WideMlp net(c.width, c.layers);
   w.model = net.ptr();
   w.batch = {torch::randn({c.batch, c.width}, device), torch::randn({c.batch, c.width}, device)};
   // The benchmark times the step, so its loss is the cheapest that trains every layer: the sum
@@ -28,13 +28,13 @@ void make_mlp_workload(Workload& w, const MlpConfig& c, torch::Device device) {
     amplab::AutocastGuard off(device.type(), at::autocast::get_autocast_dtype(device.type()), /*enabled=*/false);
     return out.sum(torch::kFloat32) / static_cast<double>(batch);
   };
-  w.flops_per_step = amplab::wide_mlp_step_flops(c.batch, c.width, c.layers);
+  w.flops_per_step = wide_mlp_step_flops(c.batch, c.width, c.layers);
   w.shape = std::to_string(c.layers) + " x Linear(" + std::to_string(c.width) + ", " + std::to_string(c.width) +
             "), batch " + std::to_string(c.batch);
 }
 
 void make_cnn_workload(Workload& w, const CnnConfig& c, torch::Device device) {
-  amplab::SmallCnn net(c.channels, c.classes);
+  SmallCnn net(c.channels, c.classes);
   w.model = net.ptr();
   auto images = torch::randn({c.batch, 3, c.image_size, c.image_size}, device);
   if (c.channels_last) images = images.contiguous(torch::MemoryFormat::ChannelsLast);

@@ -1,11 +1,11 @@
 // The CUDA kernels lab's MLP (bias_gelu_mlp.hpp).
-#include "amplab/models/bias_gelu_mlp.hpp"
+#include "bias_gelu_mlp.hpp"
 
 #include <torch/torch.h>
 
 #include <cmath>
 
-namespace amplab {
+namespace cuda_kernels {
 
 BiasGeluMlp::BiasGeluMlp(int64_t width, int64_t layers, torch::Device device) {
   auto options = torch::TensorOptions().device(device);
@@ -27,4 +27,4 @@ std::vector<torch::Tensor> BiasGeluMlp::parameters() const {
   return params;
 }
 
-}  // namespace amplab
+}  // namespace cuda_kernels

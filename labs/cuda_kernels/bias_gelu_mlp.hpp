@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-namespace amplab {
+namespace cuda_kernels {
 
 // (N, width) -> (N, width). Plain tensors, not a module: the lab times ways of applying each
 // layer's bias and GELU, given as the epilogue.
@@ -24,4 +24,4 @@ struct BiasGeluMlp {
   std::vector<torch::Tensor> weights, biases;
 };
 
-}  // namespace amplab
+}  // namespace cuda_kernels

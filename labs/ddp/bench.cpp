@@ -3,8 +3,6 @@
 
 #include <filesystem>
 
-#include "amplab/dist/phase_marks.hpp"  // the bench's phases
-#include "amplab/dist/timeline.hpp"     // bench.trace
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
@@ -13,14 +11,11 @@
 #include "amplab/models/models.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/trainer.hpp"
+#include "phase_marks.hpp"  // the bench's phases
+#include "timeline.hpp"     // bench.trace
 
 namespace ddp_lab {
 namespace {
-
-using amplab::dist::PhaseMarks;
-using amplab::dist::Timeline;
-using amplab::dist::TimelineCommunicator;
-using amplab::dist::trace_steps;
 
 // A GPU reading for the run's summary.json (null without one).
 nlohmann::json to_json(const std::optional<amplab::GpuReading>& r) {

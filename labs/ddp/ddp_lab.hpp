@@ -15,29 +15,34 @@
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
 #include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
-#include "amplab/report/run_dir.hpp"
 #include "data_parallel.hpp"
 
 namespace ddp_lab {
 
 // This process's place in the job and its way to talk to the others.
 struct Setup {
-  amplab::dist::WorldInfo world;
-  torch::Device device{torch::kCPU};                  // cuda:LOCAL_RANK on GPUs, else the CPU
+  amplab::dist::WorldInfo world;                     // decided before the lab's code runs (lab_main)
+  torch::Device device{torch::kCPU};                 // cuda:LOCAL_RANK on GPUs, else the CPU (lab_main)
   std::shared_ptr<amplab::dist::Communicator> comm;  // NCCL between GPUs, the CPU backend otherwise
 };
 
-// TODO(ddp-1): read torchrun's environment, pick this rank's device, connect to the others.
-Setup init_distributed(const amplab::dist::DistConfig& config, const std::string& device_spec);
+// TODO(ddp-1): connect to the other ranks, then make sure every rank runs the same config.
+Setup join_job(const amplab::dist::WorldInfo& world, torch::Device device, const amplab::dist::DistConfig& config,
+               const std::string& resolved_config_yaml);
 
 // TODO(ddp-2): this rank's shard of each epoch (disjoint across ranks, reshuffled per epoch from
 // a seed all ranks share).
 amplab::EpochSampler make_sampler(int64_t dataset_size, int64_t batch_size_per_rank, uint64_t seed,
                                   const amplab::dist::WorldInfo& world);
 
-// TODO(ddp-3): only rank 0 writes the run directory and logs at info level.
-amplab::RunDir make_run_dir(const amplab::RunConfig& run, const std::string& resolved_config_yaml,
-                            const amplab::dist::WorldInfo& world);
+// TODO(ddp-3): the proof that data-parallel training worked: whether every rank holds the same
+// parameters, bit for bit. A collective: every rank calls it.
+struct ParameterCheck {
+  bool identical = false;
+  std::string fingerprint;      // this rank's: the CRC-32 of its parameters' bytes, 8 hex digits
+  int first_different_rank = -1;  // the lowest rank whose fingerprint is not rank 0's (-1: none)
+};
+ParameterCheck check_parameters_identical(amplab::dist::Communicator& comm, torch::nn::Module& model);
 
 // The four versions of gradient synchronization (dist.sync).
 enum class SyncKind { naive, flat, overlapped, bucketed };
@@ -47,7 +52,7 @@ inline std::span<const std::pair<SyncKind, const char*>> enum_names(SyncKind) { 
 
 // The lab's dist: section: the core's settings (amplab::dist::DistConfig) and which version runs.
 struct LabDistConfig : amplab::dist::DistConfig {
-  SyncKind sync = SyncKind::bucketed;  // step 4, the reference's way; the bucket and compression settings are its
+  SyncKind sync = SyncKind::bucketed;
 
   template <class V>
   void fields(V& v) {
@@ -55,7 +60,7 @@ struct LabDistConfig : amplab::dist::DistConfig {
     v.field("sync", sync,
             "gradient synchronization: naive (an all-reduce per gradient after backward), flat (one all-reduce "
             "after backward), overlapped (an all-reduce per gradient, during backward), bucketed (buckets during "
-            "backward, PyTorch's DDP)");
+            "backward, PyTorch's DDP; the bucket and compression keys above are its)");
   }
 };
 

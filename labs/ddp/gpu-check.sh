@@ -72,7 +72,8 @@ say "2. the reference's NCCL tests, torchrun"
     "$build/bin/amplab-run" --nproc-per-node 2 -- "$lab" --set run.out_dir="$work/runs" --set train.epochs=1 \
       --set dist.sync=$sync 2>&1 | grep -E 'parameters identical|error|epoch' | tail -3 || status=1
   done
-} 2>&1 | tee "$out/checks.log"
+} > "$out/checks.log" 2>&1  # not piped: a pipe would run the block in a subshell and lose its status
+cat "$out/checks.log"
 
 if [ "$certify" = 1 ] && [ -d solution ]; then
   say "3. scripts/grade --certify (reconfigures $build with AMPLAB_GRADING=ON)"

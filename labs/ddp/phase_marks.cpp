@@ -1,9 +1,13 @@
 // PhaseMarks (phase_marks.hpp): a step's forward, backward and after backward, on the device and on a timeline.
-#include "amplab/dist/phase_marks.hpp"
+#include "phase_marks.hpp"
 
 #include <algorithm>
 
-namespace amplab::dist {
+namespace ddp_lab {
+
+using amplab::GradientSync;
+using amplab::DeviceMarks;
+using amplab::summarize;
 
 PhaseMarks::PhaseMarks(GradientSync* inner, torch::Device device, size_t capacity, Timeline* timeline)
     : inner_(inner), timeline_(timeline) {
@@ -61,4 +65,4 @@ void PhaseMarks::finish_stepping_each_bucket(
   inner_->finish_stepping_each_bucket(step_bucket);
 }
 
-}  // namespace amplab::dist
+}  // namespace ddp_lab

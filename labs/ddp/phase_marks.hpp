@@ -17,17 +17,17 @@
 #include <memory>
 #include <vector>
 
-#include "amplab/dist/timeline.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/train/trainer.hpp"
+#include "timeline.hpp"
 
-namespace amplab::dist {
+namespace ddp_lab {
 
-class PhaseMarks final : public GradientSync {
+class PhaseMarks final : public amplab::GradientSync {
  public:
   // Keeps the marks of the last `capacity` steps, reusing their events (no events made in the
   // timed loop); with a timeline, puts each recorded step's phases on its "compute" track.
-  PhaseMarks(GradientSync* inner, torch::Device device, size_t capacity, Timeline* timeline = nullptr);
+  PhaseMarks(amplab::GradientSync* inner, torch::Device device, size_t capacity, Timeline* timeline = nullptr);
   void start_step();
   void end_step();
   // Medians over the last `capacity` steps (fewer if fewer ran): forward, backward, after backward (ms).
@@ -42,12 +42,12 @@ class PhaseMarks final : public GradientSync {
  private:
   void host_mark(int k) { host_us_[k] = Timeline::now_us(); }  // on the CPU the host's clock is the compute's
 
-  GradientSync* inner_;
+  amplab::GradientSync* inner_;
   Timeline* timeline_;
   int64_t host_us_[4] = {0, 0, 0, 0};
-  std::vector<std::unique_ptr<DeviceMarks>> steps_;
-  DeviceMarks* current_ = nullptr;
+  std::vector<std::unique_ptr<amplab::DeviceMarks>> steps_;
+  amplab::DeviceMarks* current_ = nullptr;
   size_t started_ = 0;
 };
 
-}  // namespace amplab::dist
+}  // namespace ddp_lab

@@ -1,5 +1,5 @@
 // Per-rank timelines of data-parallel steps (timeline.hpp): the Chrome trace of all ranks, the all-reduce watcher, trace_steps.
-#include "amplab/dist/timeline.hpp"
+#include "timeline.hpp"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -11,7 +11,13 @@
 #include "amplab/infra/files.hpp"
 #include "amplab/report/table.hpp"
 
-namespace amplab::dist {
+namespace ddp_lab {
+
+using amplab::dist::Communicator;
+using amplab::dist::Work;
+using amplab::fixed;
+using amplab::synchronize;
+using amplab::write_file_atomic;
 
 void Timeline::span(const std::string& name, const std::string& track, int64_t start_us, int64_t end_us) {
   if (!recording_) return;
@@ -142,4 +148,4 @@ void trace_steps(const std::function<void()>& step, torch::Device device, const 
   if (!path.empty()) torch::autograd::profiler::disableProfiler()->save(path);
 }
 
-}  // namespace amplab::dist
+}  // namespace ddp_lab

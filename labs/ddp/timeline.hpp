@@ -23,7 +23,7 @@
 
 #include "amplab/dist/communicator.hpp"
 
-namespace amplab::dist {
+namespace ddp_lab {
 
 // Spans and instants on the host's clock, recorded only while recording() is on (thread-safe).
 class Timeline {
@@ -38,7 +38,7 @@ class Timeline {
   void instant(const std::string& name, const std::string& track, int64_t at_us);
   // Every rank's events in one Chrome trace (a collective: every rank calls it); the rank whose
   // `path` is not empty writes it. The events recorded so far are cleared.
-  void write_all_ranks(Communicator& comm, const std::string& path);
+  void write_all_ranks(amplab::dist::Communicator& comm, const std::string& path);
 
  private:
   std::atomic<bool> recording_{false};
@@ -51,17 +51,17 @@ class Timeline {
 // gradient hook during backward, or after it) to its end. On the CPU backend collectives complete
 // in the order they were issued, and a thread of this class waits for each to see when it ends;
 // on GPUs the launch is what the host sees (the kernels are in the profiler's trace).
-class TimelineCommunicator final : public Communicator {
+class TimelineCommunicator final : public amplab::dist::Communicator {
  public:
-  TimelineCommunicator(std::shared_ptr<Communicator> inner, Timeline& timeline);
+  TimelineCommunicator(std::shared_ptr<amplab::dist::Communicator> inner, Timeline& timeline);
   ~TimelineCommunicator() override;
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   torch::Device device() const override { return inner_->device(); }
-  std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override;
-  std::shared_ptr<Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override;
-  std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
+  std::shared_ptr<amplab::dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override;
+  std::shared_ptr<amplab::dist::Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override;
+  std::shared_ptr<amplab::dist::Work> then_copy(std::shared_ptr<amplab::dist::Work> work, std::vector<torch::Tensor> from,
                                   std::vector<torch::Tensor> to) override {
     return inner_->then_copy(std::move(work), std::move(from), std::move(to));
   }
@@ -75,12 +75,12 @@ class TimelineCommunicator final : public Communicator {
   struct Pending {
     std::string label;
     int64_t launched_us;
-    std::shared_ptr<Work> work;
+    std::shared_ptr<amplab::dist::Work> work;
   };
-  std::shared_ptr<Work> watched(const std::string& label, std::shared_ptr<Work> work);
+  std::shared_ptr<amplab::dist::Work> watched(const std::string& label, std::shared_ptr<amplab::dist::Work> work);
   void watch();
 
-  std::shared_ptr<Communicator> inner_;
+  std::shared_ptr<amplab::dist::Communicator> inner_;
   Timeline& timeline_;
   std::mutex mutex_;
   std::condition_variable wake_, idle_;
@@ -98,4 +98,4 @@ class TimelineCommunicator final : public Communicator {
 // is an amplab_step range of the trace.
 void trace_steps(const std::function<void()>& step, torch::Device device, const std::string& path, bool back_to_back);
 
-}  // namespace amplab::dist
+}  // namespace ddp_lab

@@ -1,5 +1,5 @@
 // Where a training step's time goes, phase by phase (step_profile.hpp).
-#include "amplab/train/step_profile.hpp"
+#include "step_profile.hpp"
 
 #include <chrono>
 #include <functional>
@@ -9,7 +9,17 @@
 #include "amplab/measure/timing.hpp"
 #include "amplab/train/precision.hpp"
 
-namespace amplab {
+namespace mnist {
+
+using amplab::AutocastGuard;
+using amplab::Batch;
+using amplab::BatchSource;
+using amplab::DeviceTimer;
+using amplab::StepMechanisms;
+using amplab::Trainer;
+using amplab::summarize;
+using amplab::synchronize;
+using amplab::time_back_to_back;
 
 std::vector<PhaseTiming> profile_step(Trainer& trainer, BatchSource& batches, int steps) {
   const torch::Device device = trainer.device();
@@ -59,4 +69,4 @@ std::vector<PhaseTiming> profile_step(Trainer& trainer, BatchSource& batches, in
   return rows;
 }
 
-}  // namespace amplab
+}  // namespace mnist

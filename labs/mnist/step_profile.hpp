@@ -14,7 +14,7 @@
 #include "amplab/data/batches.hpp"
 #include "amplab/train/trainer.hpp"
 
-namespace amplab {
+namespace mnist {
 
 struct PhaseTiming {
   std::string phase;  // data, forward, backward, optimizer, "sum of the phases", "eager step, back to back"
@@ -23,6 +23,6 @@ struct PhaseTiming {
 };
 
 // `steps` timed steps after 3 untimed ones, phase by phase, then back to back.
-std::vector<PhaseTiming> profile_step(Trainer& trainer, BatchSource& batches, int steps);
+std::vector<PhaseTiming> profile_step(amplab::Trainer& trainer, amplab::BatchSource& batches, int steps);
 
-}  // namespace amplab
+}  // namespace mnist

@@ -58,7 +58,8 @@ grep -B1 -A12 -E '^[^ ]+:[0-9]+: Failure' "$out/tests.log" | head -60
 say "2. the rubric"
 {
   python3 scripts/check-rubric.py --lab transformer_fp8 --binary "$tests" || status=1
-} 2>&1 | tee "$out/checks.log"
+} > "$out/checks.log" 2>&1  # not piped: a pipe would run the block in a subshell and lose its status
+cat "$out/checks.log"
 
 say "3. the lab, default config"
 "$lab" --set run.out_dir="$work/runs" "${data_flags[@]}" > "$out/lab.log" 2>&1 || status=1

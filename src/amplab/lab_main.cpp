@@ -25,9 +25,39 @@ bool config_runs_on_cpu(const std::string& device_spec) { return !resolve_device
 
 namespace detail {
 
-torch::Device start_run(const RunConfig& run, const std::string& title) {
+dist::WorldInfo find_world(const LabInfo& info) {
+  return info.one_process_per_rank ? dist::world_from_env() : dist::WorldInfo{};
+}
+
+RunDir open_run_dir(const RunConfig& run, const LabInfo& info, const dist::WorldInfo& world, const std::string& yaml) {
+  if (world.is_main()) return RunDir::create(run, info.name, yaml);
+  log::set_rank(world.rank);
+  return RunDir::none();
+}
+
+namespace {
+
+// One GPU per process: rank r of a job takes cuda:LOCAL_RANK when run.device is auto (on a
+// machine with GPUs) or cuda; an index of its own would put several ranks on one GPU.
+torch::Device rank_device(const std::string& spec, const dist::WorldInfo& world) {
+  const torch::Device asked = resolve_device(spec);  // explains a bad spec, or cuda without a GPU
+  if (!asked.is_cuda()) return asked;
+  if (spec != "auto" && spec != "cuda")
+    throw Error("run.device: " + spec + " names one GPU, but each of the " + std::to_string(world.world_size) +
+                " ranks needs its own; use cuda or auto (rank r takes cuda:LOCAL_RANK), or cpu");
+  const int count = cuda_device_count();
+  if (world.local_rank >= count)
+    throw Error("LOCAL_RANK is " + std::to_string(world.local_rank) + " but this node has " + std::to_string(count) +
+                " GPU(s): start at most " + std::to_string(count) + " processes per node (--nproc-per-node " +
+                std::to_string(count) + "), or use --set run.device=cpu");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+}
+
+}  // namespace
+
+torch::Device start_run(const RunConfig& run, const std::string& title, const dist::WorldInfo& world) {
   apply_run_settings(run);
-  torch::Device device = resolve_device(run.device);
+  torch::Device device = world.is_distributed() ? rank_device(run.device, world) : resolve_device(run.device);
   log::info("== " + title + ", on " + describe(device) + " ==");
   return device;
 }
@@ -48,12 +78,10 @@ std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDi
   return timeline;
 }
 
-std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device,
-                                              bool lab_traces_own_steps) {
+std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device) {
   if (!config.trace || !run.enabled()) return nullptr;
   log::warn("run.trace: the profiler records every op and kernel; this run's timings carry its overhead "
             "(compare timings from a run without run.trace)");
-  if (lab_traces_own_steps) return nullptr;
   auto path_of = [run_dir = run.path()](const std::string& phase, int n) {
     std::string slug = file_name_safe(phase);
     if (slug.empty()) slug = "phase";
@@ -66,10 +94,10 @@ std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const Run
 namespace {
 
 // The plots of a run that finished its work; a signal stops the drawing between two plots.
-void draw_plots(const std::string& plot_kind, const RunDir& run, bool gpu_monitor) {
+void draw_plots(const std::string& plots_of, const RunDir& run, bool gpu_monitor) {
   std::cout << std::flush;  // before the plot script writes to the same stream
-  for (const std::string& kind : {plot_kind, std::string(gpu_monitor ? "gpu_monitor" : "")})
-    if (!kind.empty() && !interrupt_requested()) make_plots(kind, run);
+  for (const std::string& plots : {plots_of, std::string(gpu_monitor ? "gpu_monitor" : "")})
+    if (!plots.empty() && !interrupt_requested()) make_plots(plots, run);
 }
 
 // summary.json's account of how the run ended.
@@ -93,7 +121,7 @@ void say_where_it_stopped(const RunDir& run, const RunEnd& end) {
 
 }  // namespace
 
-int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plots_of,
                GpuTimeline* gpu_timeline, const RunEnd& end, int exit_code) {
   if (end.signal != 0) exit_code = interrupt_exit_code(end.signal);
   if (run.enabled()) {
@@ -104,7 +132,7 @@ int finish_run(const RunConfig& config, const RunDir& run, Results& results, con
     if (config.memory_snapshot && memory_history_recording()) write_memory_snapshot(run.file("memory_snapshot.pickle"));
     record_status(results, end);
     results.write(run);
-    if (end.succeeded) draw_plots(plot_kind, run, gpu_timeline != nullptr);
+    if (end.succeeded) draw_plots(plots_of, run, gpu_timeline != nullptr);
     try {
       write_report(run);
     } catch (const std::exception& e) {  // the results are written; the report is their summary

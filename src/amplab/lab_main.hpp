@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "amplab/dist/world.hpp"
 #include "amplab/infra/app.hpp"
 #include "amplab/infra/config.hpp"
 #include "amplab/infra/signals.hpp"
@@ -32,21 +33,32 @@ struct LabInfo {
   // The config keys that set how much memory the lab takes ("amp.mlp.width, amp.mlp.batch"):
   // running out of CPU or GPU memory names them, with the bytes asked for.
   std::string size_keys;
-  // The lab traces its own training steps under run.trace (fit's StepTrace, as mnist does), so
-  // lab_main traces none of its phases.
-  bool traces_own_steps = false;
   // What --resume takes in this lab, for --help ("" for checkpoints: a file, latest or auto).
   std::string resume_help;
+  // One process per GPU, started by amplab-run or torchrun (the DDP lab): each process reads its
+  // place in the job from the launcher's environment (dist::world_from_env), takes the GPU
+  // numbered like its LOCAL_RANK, and only rank 0 writes a run directory; the other ranks log
+  // warnings and errors, prefixed with their rank. Started alone, the process is rank 0 of 1.
+  bool one_process_per_rank = false;
 };
 
 // What a lab's body works with.
 template <class Config>
 struct Lab {
+  Lab(Config config, CommandLine cli, ConfigSource source, torch::Device device, RunDir run, dist::WorldInfo world,
+      std::string size_keys)
+      : config(std::move(config)), cli(std::move(cli)), source(std::move(source)), device(device), run(std::move(run)),
+        world(std::move(world)), size_keys(std::move(size_keys)) {}
+
   Config config;
   CommandLine cli;
   ConfigSource source;   // where(key): the origin of a value, for errors across keys
-  torch::Device device;  // resolved from run.device
-  RunDir run;
+  torch::Device device;  // resolved from run.device: on a rank of a job, cuda:LOCAL_RANK
+  RunDir run;            // rank 0's; none on the other ranks of a job
+  // This process's place in the job (LabInfo::one_process_per_rank), else rank 0 of 1.
+  dist::WorldInfo world;
+  // The keys an out-of-memory line names (LabInfo::size_keys); a body may narrow them to what it runs.
+  std::string size_keys;
   Results results;       // written to the run directory when the body returns
   bool draw_plots = false;  // labs/<lab>/plots.py draws the run's plots at the end (scripts/plot.py)
   // The GPU's utilization through the run (run.gpu_monitor): null on the CPU or without NVML.
@@ -96,14 +108,19 @@ bool config_runs_on_cpu(const std::string& device_spec);
 
 namespace detail {
 // Everything lab_main does around the config; defined in lab_main.cpp.
-torch::Device start_run(const RunConfig& run, const std::string& title);
+// This process's place: from the launcher's environment when the lab runs one process per rank.
+dist::WorldInfo find_world(const LabInfo& info);
+// The run directory: created by rank 0; none on the other ranks, whose console then shows only
+// warnings and errors, prefixed with the rank.
+RunDir open_run_dir(const RunConfig& run, const LabInfo& info, const dist::WorldInfo& world, const std::string& yaml);
+// Applies the run settings, resolves run.device (on a rank of a job: cuda:LOCAL_RANK for auto or
+// cuda) and prints the title.
+torch::Device start_run(const RunConfig& run, const std::string& title, const dist::WorldInfo& world);
 // The GPU timeline and the allocator's history, as run.gpu_monitor and run.memory_snapshot ask.
 std::unique_ptr<GpuTimeline> start_watching(const RunConfig& config, const RunDir& run, torch::Device device);
-// run.trace: warns that the timings carry the profiler's overhead, and unless the lab traces its
-// own steps, returns the trace of each phase into <run dir>/trace-<phase>.json (null when off,
-// and on a rank that writes no files).
-std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device,
-                                              bool lab_traces_own_steps);
+// run.trace: warns that the timings carry the profiler's overhead, and returns the trace of each
+// phase into <run dir>/trace-<phase>.json (null when off, and on a rank that writes no files).
+std::unique_ptr<PhaseTrace> start_phase_trace(const RunConfig& config, const RunDir& run, torch::Device device);
 // What the run's end writes and says.
 struct RunEnd {
   bool succeeded = false;   // the body finished its work
@@ -115,7 +132,7 @@ struct RunEnd {
 // Writes summary.json (with its "status": complete, failed or interrupted) and the CSV files,
 // then the plots (a run that finished its work), then report.md (marked partial when the run did
 // not finish). Nothing here throws past the run except a failed write of its results.
-int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plot_kind,
+int finish_run(const RunConfig& config, const RunDir& run, Results& results, const std::string& plots_of,
                GpuTimeline* gpu_timeline, const RunEnd& end, int exit_code);
 }  // namespace detail
 
@@ -151,9 +168,10 @@ template <class Config>
 using ConfigCheck = std::function<std::optional<int>(const Config&, const ConfigSource&)>;
 
 // Runs a lab: installs the interrupt policy for the whole run, parses the command line, loads
-// the config, runs `check` (when given), creates the run directory, applies the run settings,
-// resolves the device and prints the title, runs `body`, then writes the results, the plots and
-// report.md. Errors become one line and an exit code (guarded_main).
+// the config, runs `check` (when given), finds the process's place in the job (one process per
+// rank), creates the run directory (rank 0), applies the run settings, resolves the device and
+// prints the title, runs `body`, then writes the results, the plots and report.md. Errors become
+// one line and an exit code (guarded_main).
 template <class Config>
 int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Config>& check,
              const std::function<int(Lab<Config>&)>& body) {
@@ -167,13 +185,15 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     auto [config, source] = load_config_for_device<Config>(cli);
     if (check)
       if (auto code = check(config, source)) return *code;
-    RunDir run = RunDir::create(config.run, info.name, to_yaml(config));
-    torch::Device device = detail::start_run(config.run, info.title);
+    const dist::WorldInfo world = detail::find_world(info);
+    RunDir run = detail::open_run_dir(config.run, info, world, to_yaml(config));
+    torch::Device device = detail::start_run(config.run, info.title, world);
     auto gpu_timeline = detail::start_watching(config.run, run, device);
-    auto phase_trace = detail::start_phase_trace(config.run, run, device, info.traces_own_steps);
-    Lab<Config> lab{std::move(config), cli, std::move(source), device, std::move(run), Results{}, false, std::move(gpu_timeline),
-                    std::move(phase_trace), {}};
-    const BodyEnd ended = run_lab_body([&] { return body(lab); }, info.size_keys);
+    auto phase_trace = detail::start_phase_trace(config.run, run, device);
+    Lab<Config> lab(std::move(config), cli, std::move(source), device, std::move(run), world, info.size_keys);
+    lab.gpu_timeline = std::move(gpu_timeline);
+    lab.phase_trace = std::move(phase_trace);
+    const BodyEnd ended = run_lab_body([&] { return body(lab); }, lab.size_keys);
     if (lab.phase_trace) lab.phase_trace->finish();  // the last phase's trace, before the results are written
     const detail::RunEnd end{.succeeded = ended.exit_code == kExitOk, .signal = interrupt_signal(),
                              .said_where = ended.interrupted_by == 0 && ended.exit_code != kExitOk,

@@ -43,6 +43,7 @@ class TraceTest : public ::testing::Test {
     TrainConfig config;
     config.batch_size = 4;
     config.progress = false;
+    config.trace_steps = trace;
     MemoryConfig memory;
     memory.track = track_memory;
     Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms(), memory);
@@ -52,7 +53,6 @@ class TraceTest : public ::testing::Test {
     options.lab = "toy";
     options.tag = "cpu";
     options.run_dir = &run_;
-    options.trace = trace;
     return fit(trainer, batches, options).status;
   }
 
@@ -101,9 +101,11 @@ struct ToyConfig {
 // What lab_main makes before a lab's body runs, with the phase trace it starts.
 struct ToyLab {
   Lab<ToyConfig> lab;
-  ToyLab(const RunConfig& run_config, const RunDir& run, bool traces_own_steps)
-      : lab{ToyConfig{run_config}, CommandLine{}, ConfigSource::parse("run: {}\n", "toy.yaml"), torch::kCPU, run, Results{}, "",
-            nullptr, detail::start_phase_trace(run_config, run, torch::kCPU, traces_own_steps), {}} {}
+  ToyLab(const RunConfig& run_config, const RunDir& run)
+      : lab(ToyConfig{run_config}, CommandLine{}, ConfigSource::parse("run: {}\n", "toy.yaml"), torch::kCPU, run,
+            dist::WorldInfo{}, "") {
+    lab.phase_trace = detail::start_phase_trace(run_config, run, torch::kCPU);
+  }
 };
 
 // The extent [ts, ts + dur] of the first complete event named `name`.
@@ -117,7 +119,7 @@ std::pair<double, double> extent_of(const nlohmann::json& trace, const std::stri
 
 TEST_F(TraceTest, EachPhaseOfALabIsTracedIntoItsOwnFile) {
   run_config_.trace = true;
-  ToyLab toy(run_config_, run_, /*traces_own_steps=*/false);
+  ToyLab toy(run_config_, run_);
   toy.lab.phase("matmul 64x64");
   torch::Tensor a = torch::randn({64, 64});
   torch::Tensor c = torch::mm(a, a);
@@ -146,7 +148,7 @@ TEST_F(TraceTest, PhasesAreTracedAsTheFilterAndTheBudgetAllow) {
   run_config_.trace = true;
   run_config_.trace_phases = {"matmul"};
   run_config_.trace_budget_mb = 1;
-  ToyLab toy(run_config_, run_, /*traces_own_steps=*/false);
+  ToyLab toy(run_config_, run_);
   toy.lab.phase("copy");  // not a matmul phase
   torch::Tensor a = torch::randn({16, 16}).clone();
   toy.lab.phase("matmul big");
@@ -163,7 +165,7 @@ TEST_F(TraceTest, PhasesAreTracedAsTheFilterAndTheBudgetAllow) {
 TEST_F(TraceTest, ALongPhaseIsTracedUntilTheFirstTimedWindowAfterItsSeconds) {
   run_config_.trace = true;
   run_config_.trace_seconds = 0.05;
-  ToyLab toy(run_config_, run_, /*traces_own_steps=*/false);
+  ToyLab toy(run_config_, run_);
   toy.lab.phase("long");
   const torch::Tensor a = torch::randn({8, 8});
   int windows = 0;
@@ -184,17 +186,29 @@ TEST_F(TraceTest, ALongPhaseIsTracedUntilTheFirstTimedWindowAfterItsSeconds) {
   EXPECT_EQ(toy.lab.phase_trace->written().size(), 1u);  // the phase's end writes no second file
 }
 
-TEST_F(TraceTest, NoPhaseIsTracedWhenTraceIsOffOrTheLabTracesItsSteps) {
-  for (bool trace : {false, true}) {
-    run_config_.trace = trace;
-    ToyLab toy(run_config_, run_, /*traces_own_steps=*/trace);
-    EXPECT_EQ(toy.lab.phase_trace, nullptr);
-    toy.lab.phase("matmul");
-    torch::mm(torch::randn({8, 8}), torch::randn({8, 8}));
-    toy.lab.phase("");
-  }
+TEST_F(TraceTest, NoPhaseIsTracedWhenTraceIsOff) {
+  run_config_.trace = false;
+  ToyLab toy(run_config_, run_);
+  EXPECT_EQ(toy.lab.phase_trace, nullptr);
+  toy.lab.phase("matmul");
+  torch::mm(torch::randn({8, 8}), torch::randn({8, 8}));
+  toy.lab.phase("");
   for (const auto& entry : fs::directory_iterator(run_.path()))
     EXPECT_EQ(entry.path().filename().string().rfind("trace", 0), std::string::npos) << entry.path();
+}
+
+// run.trace and train.trace_steps together: one profiler at a time, so the steps are in the phase's trace.
+TEST_F(TraceTest, AStepWindowInsideATracedPhaseIsInThePhasesTrace) {
+  run_config_.trace = true;
+  run_config_.trace_seconds = 3600;  // the whole phase
+  ToyLab toy(run_config_, run_);
+  toy.lab.phase("train");
+  ASSERT_EQ(fit_toy(160, /*trace=*/true, /*track_memory=*/false), FitStatus::completed);
+  toy.lab.phase("");
+  toy.lab.phase_trace->finish();
+  EXPECT_FALSE(fs::exists(file("trace-cpu.json")));
+  ASSERT_TRUE(fs::exists(file("trace-train.json")));
+  EXPECT_GT(event_names(read_json(file("trace-train.json"))).count("aten::addmm"), 0u);
 }
 
 }  // namespace

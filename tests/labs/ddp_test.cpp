@@ -24,6 +24,7 @@
 
 #include "amplab/data/idx.hpp"
 #include "amplab/fast/fast_path.hpp"
+#include "amplab/infra/files.hpp"  // crc32_of, hex32
 #include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
 #include "idx_files.hpp"
@@ -36,45 +37,11 @@ namespace test = amplab::test;
 namespace dist = amplab::dist;
 using ddp_lab::SyncKind;
 
-// Sets torchrun's variables for a one-process job for the lifetime of the object.
-struct SingleProcessEnv {
-  SingleProcessEnv() {
-    setenv("RANK", "0", 1);
-    setenv("LOCAL_RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("LOCAL_WORLD_SIZE", "1", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "29500", 1);  // one process: no store is started
-  }
-  ~SingleProcessEnv() {
-    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
-      unsetenv(name);
-  }
-};
-
 dist::DistConfig cpu_config() {
   dist::DistConfig c;
   c.backend = dist::Backend::cpu;
   c.timeout_s = 20;  // a rank that failed leaves the others waiting at most this long
   return c;
-}
-
-// ---------------------------------------------------------------- TODO(ddp-1): joining the job
-
-TEST(Ddp1_Init, ReadsTheEnvironmentAndUsesTheCpuWhenAsked) {
-  SingleProcessEnv env;
-  auto setup = ddp_lab::init_distributed(cpu_config(), "cpu");
-  EXPECT_EQ(setup.world.world_size, 1);
-  EXPECT_EQ(setup.world.rank, 0);
-  EXPECT_TRUE(setup.device.is_cpu());
-  ASSERT_NE(setup.comm, nullptr);
-  EXPECT_EQ(setup.comm->size(), 1);
-}
-
-TEST(Ddp1_Init, BadEnvironmentNamesTheVariable) {
-  SingleProcessEnv env;
-  setenv("WORLD_SIZE", "two", 1);
-  EXPECT_TRUE(test::throws_with([] { ddp_lab::init_distributed(cpu_config(), "cpu"); }, {"WORLD_SIZE"}));
 }
 
 // ---------------------------------------------------------------- TODO(ddp-2): sharding
@@ -105,29 +72,6 @@ TEST(Ddp2_Shard, SameSeedSameOrderNewEpochNewOrder) {
   a.set_epoch(1);
   EXPECT_FALSE(a.order().equal(first));
   EXPECT_EQ(a.batches_per_epoch(), 6);  // 50 per rank: 6 full batches, the short one dropped
-}
-
-// ---------------------------------------------------------------- TODO(ddp-3): one writer
-
-TEST(Ddp3_RankZeroWrites, OnlyRankZeroCreatesTheRunDirectory) {
-  test::TempDir dir;
-  amplab::RunConfig run;
-  run.out_dir = dir.path().string();
-  run.log_level = amplab::log::Level::warn;
-  dist::WorldInfo rank1;
-  rank1.rank = 1;
-  rank1.world_size = 2;
-  rank1.local_world_size = 2;
-  auto other = ddp_lab::make_run_dir(run, "x: 1\n", rank1);
-  EXPECT_FALSE(other.enabled());
-  EXPECT_FALSE(std::filesystem::exists(dir.file("ddp")));
-  dist::WorldInfo rank0 = rank1;
-  rank0.rank = 0;
-  auto main = ddp_lab::make_run_dir(run, "x: 1\n", rank0);
-  EXPECT_TRUE(main.enabled());
-  EXPECT_TRUE(std::filesystem::exists(main.file("config.yaml")));
-  amplab::log::set_rank(0);
-  amplab::log::init(amplab::log::Level::info);
 }
 
 // ---------------------------------------------------------------- ranks as threads
@@ -162,6 +106,135 @@ std::vector<std::string> run_ranks(int world_size, const std::function<void(int,
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) return ::testing::AssertionFailure() << "rank " << r << ": " << errors[r];
   return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------- TODO(ddp-1): joining the job
+
+// Runs join_job on `world_size` threads, each a rank of one job on the cpu backend, with the
+// resolved config `yaml_of(rank)`; `body` gets each rank's Setup. Returns each rank's error ("" where
+// it finished).
+std::vector<std::string> join_ranks(int world_size, const std::function<std::string(int)>& yaml_of,
+                                    const std::function<void(int, const ddp_lab::Setup&)>& body) {
+  const int port = test::free_port();
+  std::vector<std::string> errors(world_size);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        dist::WorldInfo world;
+        world.rank = world.local_rank = r;
+        world.world_size = world.local_world_size = world_size;
+        world.master_port = port;
+        ddp_lab::Setup setup = ddp_lab::join_job(world, torch::kCPU, cpu_config(), yaml_of(r));
+        body(r, setup);
+        setup.comm->shutdown();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
+TEST(Ddp1_Join, AloneTheProcessIsRankZeroOfOne) {
+  const ddp_lab::Setup setup = ddp_lab::join_job(dist::WorldInfo{}, torch::kCPU, cpu_config(), "x: 1\n");
+  EXPECT_EQ(setup.world.world_size, 1);
+  EXPECT_TRUE(setup.device.is_cpu());
+  ASSERT_NE(setup.comm, nullptr);
+  EXPECT_EQ(setup.comm->size(), 1);
+  EXPECT_EQ(setup.comm->rank(), 0);
+}
+
+TEST(Ddp1_Join, ThreeRanksConnectAndSum) {
+  std::vector<float> sums(3, 0.0f);
+  const auto errors = join_ranks(3, [](int) { return std::string("train:\n  batch_size: 32\n"); },
+                                 [&](int r, const ddp_lab::Setup& setup) {
+                                   EXPECT_EQ(setup.world.rank, r);
+                                   EXPECT_EQ(setup.comm->rank(), r);
+                                   EXPECT_EQ(setup.comm->size(), 3);
+                                   auto value = torch::full({1}, static_cast<float>(r + 1));
+                                   setup.comm->all_reduce_sum({value})->wait();
+                                   sums[r] = value.item<float>();
+                                 });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[r], "");
+    EXPECT_EQ(sums[r], 6.0f);
+  }
+}
+
+TEST(Ddp1_Join, RanksWithDifferentConfigsAreRefusedNamingTheKeyAndTheRanks) {
+  const auto errors = join_ranks(
+      3, [](int r) { return "bench:\n  batch: " + std::to_string(r == 2 ? 32 : 64) + "\n  layers: 4\n"; },
+      [](int, const ddp_lab::Setup&) {});
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(errors[r],
+              "ranks 0 and 2 were started with different configs (bench.batch is 64 on rank 0, 32 on rank 2); "
+              "start every rank with the same --config and --set");
+}
+
+TEST(Ddp1_Join, EachNodeMayWriteAndLogWhereItLikes) {
+  const auto errors = join_ranks(2, [](int r) {
+    return "run:\n  out_dir: /tmp/node" + std::to_string(r) + "\n  log_level: " + (r == 0 ? "info" : "warn") +
+           "\nbench:\n  batch: 64\n";
+  }, [](int, const ddp_lab::Setup&) {});
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "");
+}
+
+// ---------------------------------------------------------------- TODO(ddp-3): the proof
+
+// A small model whose parameters are fixed numbers, the same on every rank.
+torch::nn::Sequential numbered_model() {
+  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+  torch::NoGradGuard no_grad;
+  double offset = 0;
+  for (auto& p : model->parameters()) {
+    p.copy_(torch::arange(p.numel(), torch::kFloat32).reshape(p.sizes()) * 0.25 + offset);
+    offset += 10;
+  }
+  return model;
+}
+
+TEST(Ddp3_Proof, IdenticalParametersAgreeOnEveryRank) {
+  std::vector<ddp_lab::ParameterCheck> checks(3);
+  const auto errors = run_ranks(3, [&](int r, std::shared_ptr<dist::Communicator> comm) {
+    auto model = numbered_model();
+    checks[r] = ddp_lab::check_parameters_identical(*comm, *model);
+  });
+  ASSERT_TRUE(all_ranks_finished(errors));
+  std::string bytes;  // the fingerprint's definition: the CRC-32 of every parameter's bytes, in order
+  for (const auto& p : numbered_model()->parameters())
+    bytes.append(static_cast<const char*>(p.data_ptr()), p.nbytes());
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(checks[r].identical, true);
+    EXPECT_EQ(checks[r].first_different_rank, -1);
+    EXPECT_EQ(checks[r].fingerprint, amplab::hex32(amplab::crc32_of(bytes)));
+  }
+}
+
+TEST(Ddp3_Proof, NamesTheLowestRankThatDiffersOnEveryRank) {
+  // Ranks 2 and 3 swap two values of the last parameter: the sum and the norm stay, the bytes do not.
+  std::vector<ddp_lab::ParameterCheck> checks(4);
+  const auto errors = run_ranks(4, [&](int r, std::shared_ptr<dist::Communicator> comm) {
+    auto model = numbered_model();
+    if (r >= 2) {
+      torch::NoGradGuard no_grad;
+      auto last = model->parameters().back();
+      auto first = last[0].clone();
+      last[0].copy_(last[1]);
+      last[1].copy_(first);
+    }
+    checks[r] = ddp_lab::check_parameters_identical(*comm, *model);
+  });
+  ASSERT_TRUE(all_ranks_finished(errors));
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(checks[r].identical, false);
+    EXPECT_EQ(checks[r].first_different_rank, 2);
+  }
+  EXPECT_EQ(checks[0].fingerprint, checks[1].fingerprint);
+  EXPECT_NE(checks[0].fingerprint, checks[2].fingerprint);
 }
 
 // What happened on one rank, in order: "grad <k>" (the gradient of parameter k was computed),

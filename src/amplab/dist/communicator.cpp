@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "amplab/dist/backends.hpp"
-#include "amplab/infra/config_json.hpp"
 #include "amplab/infra/error.hpp"
 
 namespace amplab::dist {
@@ -112,21 +111,6 @@ torch::Tensor mean_across_ranks(Communicator& comm, const torch::Tensor& value) 
   torch::Tensor total = value.detach().to(dtype, /*non_blocking=*/false, /*copy=*/true);
   if (comm.size() > 1) comm.all_reduce_sum({total})->wait();
   return total.div_(comm.size());
-}
-
-void require_same_config(Communicator& comm, const std::string& config_yaml) {
-  const std::vector<std::string> configs = comm.all_gather_bytes(config_yaml);
-  for (size_t rank = 1; rank < configs.size(); ++rank) {
-    if (configs[rank] == configs[0]) continue;
-    // Where each node writes and what it logs may differ (two nodes, two disks); nothing else may.
-    const ConfigDifference d = first_config_difference(configs[0], configs[rank], {"run.out_dir", "run.log_level"});
-    if (d.key.empty()) continue;
-    comm.shutdown();  // every rank found the same difference: leave in order, then say it
-    const std::string r = std::to_string(rank);
-    throw Error("ranks 0 and " + r + " were started with different configs (" +
-                d.key + " is " + d.before + " on rank 0, " + d.now + " on rank " + r +
-                "); start every rank with the same --config and --set");
-  }
 }
 
 }  // namespace amplab::dist

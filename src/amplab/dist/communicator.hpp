@@ -96,9 +96,4 @@ std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const Di
 // tensors keep their dtype; others become float64. Waits for the result.
 torch::Tensor mean_across_ranks(Communicator& comm, const torch::Tensor& value);
 
-// Every rank must run the same resolved config (`config_yaml`): ranks started with another
-// --config or --set would train another run, and rank 0's config.yaml records only its own.
-// Every rank throws the same amplab::Error, naming the first key that differs and the ranks.
-void require_same_config(Communicator& comm, const std::string& config_yaml);
-
 }  // namespace amplab::dist

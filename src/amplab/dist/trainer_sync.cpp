@@ -3,8 +3,6 @@
 
 #include <torch/torch.h>
 
-#include "amplab/infra/files.hpp"
-
 namespace amplab::dist {
 
 DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm) {
@@ -21,17 +19,6 @@ DistributedHooks loop_hooks(std::shared_ptr<Communicator> comm) {
   };
   hooks.mean = [comm](const torch::Tensor& t) { return mean_across_ranks(*comm, t); };
   return hooks;
-}
-
-ParameterCheck check_parameters_identical(Communicator& comm, torch::nn::Module& model) {
-  std::string bytes;
-  for (const auto& p : model.parameters()) {
-    auto cpu = p.detach().to(torch::kCPU).contiguous();
-    bytes.append(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
-  }
-  ParameterCheck check{true, hex32(crc32_of(bytes))};
-  for (const auto& other : comm.all_gather_bytes(check.fingerprint)) check.identical &= other == check.fingerprint;
-  return check;
 }
 
 }  // namespace amplab::dist

@@ -25,6 +25,10 @@
 namespace amplab {
 namespace {
 
+// The phase trace a safe point may cut, with the thread that runs it (null when none is open).
+std::atomic<PhaseTrace*> open_phase_trace{nullptr};
+std::thread::id open_phase_thread;
+
 // Starts Kineto on the host (and the GPU's stream when `device` is one), with nothing of earlier
 // work in flight.
 void start_profiler(torch::Device device) {
@@ -62,6 +66,11 @@ StepTrace::~StepTrace() {
 }
 
 void StepTrace::start() {
+  if (open_phase_trace.load(std::memory_order_relaxed) != nullptr) {
+    log::warn("train.trace_steps: run.trace is recording this phase; the steps are in its trace, not in " + path_);
+    saved_ = true;  // nothing more to do for this window
+    return;
+  }
   start_profiler(device_);
   running_ = true;
 }
@@ -94,9 +103,6 @@ struct PhaseTrace::PhaseRange {
 };
 
 namespace {
-// The phase trace a safe point may cut, with the thread that runs it (null when none is open).
-std::atomic<PhaseTrace*> open_phase_trace{nullptr};
-std::thread::id open_phase_thread;
 
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -7,8 +7,9 @@
 //   StepTrace trace(path, /*first_step=*/10, /*steps=*/5, device);
 //   for (...) { trace.before_step(step); ...the step...; trace.after_step(step); }
 //
-// PhaseTrace is run.trace in a lab that does not train through fit(): one trace per phase the lab
-// names (Lab::phase), from the phase's start to its end. NvtxPhases marks the same phases as NVTX
+// StepTrace is train.trace_steps, fit()'s window of steps. PhaseTrace is run.trace, lab_main's:
+// one trace per phase the lab names (Lab::phase), from the phase's start to its end. One profiler
+// runs at a time: a step window inside a traced phase is in the phase's trace. NvtxPhases marks the same phases as NVTX
 // ranges for Nsight Systems, traced or not.
 #pragma once
 

@@ -51,7 +51,7 @@ class Epoch {
   TrainingPosition position() const;
 
  private:
-  StepResult step(int64_t group);
+  MicroBatches micro_batches(int64_t group);  // the group's batches, made when the step asks
   std::string read_window();  // why training must stop, or ""
   EpochSums sums_now() const;
   FitResult stopped(FitStatus status, int exit_code, std::string message, const TrainingPosition& at);
@@ -97,16 +97,9 @@ EpochSums Epoch::sums_now() const {
   return now;
 }
 
-StepResult Epoch::step(int64_t group) {
-  const int64_t index = run_.steps_taken++;
-  run_.trace.before_step(index);
-  StepResult result =
-      run_.options.run_step
-          ? run_.options.run_step(run_.data, next_, group)
-          : run_.trainer.step(MicroBatches{group, [this](int64_t i) { return run_.data.batch_rows(next_ + i); },
-                                           [this](int64_t i) { return run_.data.batch(next_ + i); }});
-  run_.trace.after_step(index);
-  return result;
+MicroBatches Epoch::micro_batches(int64_t group) {
+  return MicroBatches{group, [this](int64_t i) { return run_.data.batch_rows(next_ + i); },
+                      [this](int64_t i) { return run_.data.batch(next_ + i); }};
 }
 
 std::optional<FitResult> Epoch::train() {
@@ -116,12 +109,17 @@ std::optional<FitResult> Epoch::train() {
     const int64_t group = std::min(accumulation_, batches_ - next_);
     if (has_schedule(config.optimizer))  // set before the step: a graph reads it on the device
       set_learning_rate(trainer.optimizer(), scheduled_lr(config.optimizer, trainer.global_step(), run_.run_steps));
+    // The step: Trainer::step (trainer.cpp), which hands it to lab 2's train_step; with the fast
+    // path, options.run_step replays it as a CUDA graph.
     StepResult result;
+    run_.trace.before_step(run_.steps_taken);
     try {
-      result = step(group);
+      result = run_.options.run_step ? run_.options.run_step(run_.data, next_, group)
+                                     : trainer.step(micro_batches(group));
     } catch (const c10::OutOfMemoryError& error) {
       return out_of_memory_stop(error);
     }
+    run_.trace.after_step(run_.steps_taken++);
     next_ += group;
     sums_.samples += result.samples;
     ++sums_.steps;
@@ -236,9 +234,9 @@ std::optional<FitResult> Epoch::finish() {
   return stopped(FitStatus::interrupted, interrupt.exit_code, checkpointer.interrupted_message(epoch_, step, saved, last_epoch), at);
 }
 
-// Where run.trace writes ("" for no trace): the rank that writes files, into its run directory.
-std::string trace_path(const FitOptions& options) {
-  if (!options.trace || !options.dist.is_main || !options.run_dir || !options.run_dir->enabled()) return "";
+// Where train.trace_steps writes ("" for no trace): the rank that writes files, into its run directory.
+std::string trace_path(const TrainConfig& config, const FitOptions& options) {
+  if (!config.trace_steps || !options.dist.is_main || !options.run_dir || !options.run_dir->enabled()) return "";
   return options.run_dir->file("trace-" + file_name_safe(options.tag.empty() ? "train" : options.tag) + ".json");
 }
 
@@ -276,7 +274,7 @@ FitResult fit(Trainer& trainer, BatchSource& data, const FitOptions& options) {
 
   EpochLog log(options.tag, options.run_dir, options.dist.is_main);
   const int64_t steps = run_length(config, data);
-  StepTrace trace(trace_path(options), std::min<int64_t>(10, steps / 2), 5, trainer.device());
+  StepTrace trace(trace_path(config, options), std::min<int64_t>(10, steps / 2), 5, trainer.device());
   Run run{trainer, data, options, config, checkpointer, log, result, DivergenceGuard{config.divergence_patience},
           global_batch, steps, trace};
   // A rank that died ends the run on the others with the last good checkpoint named.

@@ -60,9 +60,6 @@ struct FitOptions {
   // Runs one optimizer step over micro-batches [first_batch, first_batch + batches) of the
   // epoch; empty: Trainer::step, eagerly. The fast path (a CUDA graph of the step) plugs in here.
   std::function<StepResult(BatchSource& data, int64_t first_batch, int64_t batches)> run_step;
-  // run.trace: a profiler trace of 5 steps, after the first 10 (or the first half of a shorter
-  // run), into <run dir>/trace-<tag>.json, on the rank that writes files.
-  bool trace = false;
 };
 
 // Trains from options.resume (or from the start) to the end of config.epochs. Resuming refuses,

@@ -109,14 +109,18 @@ void Trainer::gradients_ready() {
 }
 
 StepResult Trainer::step(const Batch& batch) {
-  if (sync_ && steps_each_bucket()) return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
-  StepResult result = mechanisms_.train_step(*this, batch);  // lab 2
-  result.samples = batch.size();
-  return finish_step(result);
+  return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
 }
 
 StepResult Trainer::step(const MicroBatches& group) {
-  if (group.count == 1 && !(sync_ && steps_each_bucket())) return step(group.batch(0));
+  if (group.count == 1 && !(sync_ && steps_each_bucket())) {
+    const Batch batch = group.batch(0);
+    // Lab 2's train_step (labs/amp_training/amp_training.hpp): forward under autocast, scaled
+    // backward, unscale, clip, then the optimizer's step, or a skipped one, and the scale's update.
+    StepResult result = mechanisms_.train_step(*this, batch);
+    result.samples = batch.size();
+    return finish_step(result);
+  }
   StepResult result;
   result.loss = mechanisms_.accumulate_gradients(*this, group);  // lab 3
   for (int64_t i = 0; i < group.count; ++i) result.samples += group.rows(i);
