@@ -55,8 +55,7 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::Ru
   options.config_yaml = yaml;
   options.data_seed = static_cast<uint64_t>(config.run.seed);
   options.run_dir = &run;
-  options.checkpoint = config.checkpoint;
-  options.checkpoint_dir = amplab::checkpoint_dir_for(config.checkpoint, config.run, amplab::this_lab::kName);
+  options.checkpoint = amplab::resolved_checkpoint_config(config.checkpoint, config.run, amplab::this_lab::kName);
   options.resume = cli.resume;  // "auto" after an elastic restart: every rank loads rank 0's latest
   options.force_resume = cli.force;
   options.dist = amplab::dist::loop_hooks(setup.comm);

@@ -78,8 +78,8 @@ class ModeRunner {
       : lab_(lab), data_(data), config_(lab.config), config_yaml_(amplab::to_yaml(lab.config)) {
     // The cpu mode trains with the config's cpu: values (fewer epochs: a CPU epoch takes minutes).
     lab.source.with_overlay("cpu").bind(cpu_config_);
-    checkpoint_dir_ = amplab::checkpoint_dir_for(config_.checkpoint, config_.run, amplab::this_lab::kName);
-    resume_ = amplab::find_resume_point(lab.cli.resume, checkpoint_dir_, &lab.run, amplab::this_lab::kName);
+    checkpoints_ = amplab::resolved_checkpoint_config(config_.checkpoint, config_.run, amplab::this_lab::kName);
+    resume_ = amplab::find_resume_point(lab.cli.resume, checkpoints_.dir, &lab.run, amplab::this_lab::kName);
   }
 
   // The modes run in order; on --resume, the checkpoint names its mode and carries the finished ones.
@@ -112,7 +112,7 @@ class ModeRunner {
   const MnistConfig& config_;
   const std::string config_yaml_;  // every mode's checkpoints record the run's config
   MnistConfig cpu_config_;
-  std::string checkpoint_dir_;
+  amplab::CheckpointConfig checkpoints_;  // the checkpoint: section, its directory resolved
   amplab::ResumePoint resume_;
   std::string resume_mode_;
   std::vector<mnist::ModeResult> finished_;
@@ -127,8 +127,7 @@ amplab::FitOptions ModeRunner::fit_options(const mnist::Mode& mode, bool resumin
   options.config_yaml = config_yaml_;
   options.data_seed = static_cast<uint64_t>(config_.run.seed);
   options.run_dir = &lab_.run;
-  options.checkpoint = config_.checkpoint;
-  options.checkpoint_dir = checkpoint_dir_;
+  options.checkpoint = checkpoints_;
   options.resume = resuming ? resume_.path : "";
   options.force_resume = lab_.cli.force;
   options.epochs_key = "train.epochs";  // the cpu mode's value comes from the cpu: section or --set

@@ -310,7 +310,7 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
   Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint_dir = checkpoint_dir;
+  options.checkpoint.dir = checkpoint_dir;
   options.resume = resume;
   options.data_seed = 3;
   auto result = fit(trainer, batches, options);
@@ -354,7 +354,7 @@ TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
   config.epochs = 2;
   FitOptions options = quiet_options();
   options.checkpoint.every_epoch = true;
-  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.dir = dir.path().string();
   auto net = std::make_shared<Net>();
   Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
@@ -393,7 +393,7 @@ TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
   auto config = sgd_config(4, 1);
   config.epochs = 2;
   FitOptions options = quiet_options();
-  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.dir = dir.path().string();
   options.checkpoint.every_steps = 6;  // mid-epoch: 12 steps per epoch
   options.checkpoint.keep_last = 10;
   auto net = std::make_shared<Net>();
@@ -440,7 +440,7 @@ TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
   Trainer trainer(net, poisoned, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.dir = dir.path().string();
   options.checkpoint.every_steps = 1;
   options.checkpoint.keep_last = 2;
   auto result = fit(trainer, batches, options);
@@ -479,7 +479,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms());
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint_dir = dir.path().string();
+  options.checkpoint.dir = dir.path().string();
   options.checkpoint.every_steps = 4;
   options.checkpoint.on_interrupt = false;
   auto result = fit(trainer, batches, options);
@@ -493,7 +493,7 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   auto last_net = std::make_shared<Net>();
   Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU, course_mechanisms());
   FitOptions at_end = quiet_options();
-  at_end.checkpoint_dir = final_dir.path().string();
+  at_end.checkpoint.dir = final_dir.path().string();
   at_end.checkpoint.every_epoch = true;
   at_end.evaluate = [](int64_t epoch) {
     if (epoch == 2) std::raise(SIGINT);  // during the evaluation after the last step
@@ -572,7 +572,7 @@ TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
     Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
     FitOptions options = quiet_options();
     options.checkpoint.every_epoch = true;
-    options.checkpoint_dir = dir.file("shared_checkpoints");
+    options.checkpoint.dir = dir.file("shared_checkpoints");
     options.run_dir = &run_dir;
     options.resume = resume;
     return fit(trainer, batches, options);
@@ -594,7 +594,7 @@ TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
   config.epochs = 2;
   Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
   FitOptions options = quiet_options();
-  options.checkpoint_dir = dir.file("shared_checkpoints");
+  options.checkpoint.dir = dir.file("shared_checkpoints");
   options.resume = "latest";
   EXPECT_TRUE(std::filesystem::equivalent(fit(trainer, batches, options).last_checkpoint, b.last_checkpoint));
   log::init(log::Level::info);

@@ -19,6 +19,13 @@ std::string checkpoint_dir_for(const CheckpointConfig& checkpoint, const RunConf
   return (fs::path(run.out_dir) / lab / "checkpoints").string();
 }
 
+CheckpointConfig resolved_checkpoint_config(const CheckpointConfig& checkpoint, const RunConfig& run,
+                                            const std::string& lab) {
+  CheckpointConfig resolved = checkpoint;
+  resolved.dir = checkpoint_dir_for(checkpoint, run, lab);
+  return resolved;
+}
+
 std::string latest_pointer_dir(const RunDir* run_dir) {
   if (!run_dir || !run_dir->enabled()) return "";
   return fs::path(run_dir->path()).lexically_normal().parent_path().string();
@@ -115,7 +122,7 @@ bool parameters_finite(torch::nn::Module& model) {
 
 Checkpointer::Checkpointer(const FitOptions& options, Trainer& trainer, PositionSettings settings)
     : options_(options), trainer_(trainer), settings_(std::move(settings)) {
-  if (options.checkpoint_dir.empty()) return;
+  if (options.checkpoint.dir.empty()) return;
   // The run directory's name is the wall clock's second, which two runs can share (two
   // run.out_dir with one checkpoint.dir, a clock set back): a random part keeps their files apart.
   std::string owner = options.run_dir && options.run_dir->enabled()
@@ -123,7 +130,7 @@ Checkpointer::Checkpointer(const FitOptions& options, Trainer& trainer, Position
                           : "run" + std::to_string(::getpid());
   owner += "-" + unique_run_token();
   if (!options.tag.empty()) owner += "-" + options.tag;
-  checkpoints_ = std::make_unique<CheckpointManager>(options.checkpoint_dir, options.checkpoint.keep_last, owner,
+  checkpoints_ = std::make_unique<CheckpointManager>(options.checkpoint.dir, options.checkpoint.keep_last, owner,
                                                      latest_pointer_dir(options.run_dir));
   const CheckpointConfig& c = options.checkpoint;
   if (options.dist.is_main && (c.every_epoch || c.every_steps > 0 || c.on_interrupt)) checkpoints_->open_for_writing();

@@ -17,6 +17,9 @@ namespace amplab {
 
 // The default checkpoint directory of a lab: <run.out_dir>/<lab>/checkpoints unless set.
 std::string checkpoint_dir_for(const CheckpointConfig& checkpoint, const RunConfig& run, const std::string& lab);
+// The checkpoint: section as fit() takes it (FitOptions::checkpoint): its dir resolved.
+CheckpointConfig resolved_checkpoint_config(const CheckpointConfig& checkpoint, const RunConfig& run,
+                                            const std::string& lab);
 
 // Where a run's `latest` pointer lives: beside its run directory, <run.out_dir>/<lab>, so that runs
 // of different out_dirs sharing a checkpoint directory each resume their own; "" without a run

@@ -49,8 +49,9 @@ struct FitOptions {
   std::string config_yaml;         // saved into checkpoints
   uint64_t data_seed = 0;          // the sampler's seed, kept in checkpoints
   const RunDir* run_dir = nullptr; // metrics.csv, steps.csv, memory timeline (nullptr: none)
+  // When to save, and where: the directory resolved (resolved_checkpoint_config, checkpointer.hpp);
+  // an empty dir saves no checkpoints.
   CheckpointConfig checkpoint;
-  std::string checkpoint_dir;      // resolved directory ("" disables checkpoints)
   std::string resume;              // --resume as given: a path, "latest", "auto" (latest if there is one) or ""
   bool force_resume = false;       // --force: resume although settings the position depends on changed
   std::string epochs_key = "train.epochs";  // the config key that set config.epochs (for messages)
