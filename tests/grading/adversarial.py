@@ -287,6 +287,12 @@ CASES = {
     "honest code printing": (solution_text().replace("  return loss * scale_;\n", "  std::printf(\"scaled\\n\");\n"
                                                                                  "  return loss * scale_;\n"), "full",
                              "the reference's code with a debugging printf: printing is lab code's right"),
+    "op observers switched off": ("#include <ATen/record_function.h>\n" + with_body(
+        SCALE_BODY.replace("  return loss * scale_;", "  at::clearThreadLocalCallbacks();\n  at::enableRecordFunction(false);\n"
+                                                       "  return loss * scale_;")), REFUSED,
+                                  "honest TODO 1 code that also clears the ops' observers, through which a graded test "
+                                  "watches which kernels a TODO calls (TODO 4 must not hand its state machine to "
+                                  "PyTorch's fused kernel): refused for the calls, as a whole"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),

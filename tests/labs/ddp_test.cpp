@@ -76,10 +76,9 @@ TEST(Ddp2_Shard, SameSeedSameOrderNewEpochNewOrder) {
 
 // ---------------------------------------------------------------- ranks as threads
 
-// Runs body(rank, communicator) on `world_size` threads, each a rank of one job on the cpu
-// backend. Returns each rank's error message ("" where it finished).
-std::vector<std::string> run_ranks(int world_size, const std::function<void(int, std::shared_ptr<dist::Communicator>)>& body) {
-  at::set_num_threads(1);  // the ranks are the parallelism (and the sums repeat to the bit)
+// Runs rank(world) on `world_size` threads, each a rank of one job (rank 0 hosts the store on a
+// free port). Returns each rank's error message ("" where it finished).
+std::vector<std::string> on_rank_threads(int world_size, const std::function<void(const dist::WorldInfo&)>& rank) {
   const int port = test::free_port();
   std::vector<std::string> errors(world_size);
   std::vector<std::thread> ranks;
@@ -90,9 +89,7 @@ std::vector<std::string> run_ranks(int world_size, const std::function<void(int,
         world.rank = world.local_rank = r;
         world.world_size = world.local_world_size = world_size;
         world.master_port = port;
-        auto comm = dist::make_communicator(world, cpu_config(), torch::kCPU);
-        body(r, comm);
-        comm->shutdown();
+        rank(world);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -100,6 +97,17 @@ std::vector<std::string> run_ranks(int world_size, const std::function<void(int,
   }
   for (auto& t : ranks) t.join();
   return errors;
+}
+
+// Runs body(rank, communicator) on `world_size` threads, each a rank of one job on the cpu
+// backend. Returns each rank's error message ("" where it finished).
+std::vector<std::string> run_ranks(int world_size, const std::function<void(int, std::shared_ptr<dist::Communicator>)>& body) {
+  at::set_num_threads(1);  // the ranks are the parallelism (and the sums repeat to the bit)
+  return on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
+    auto comm = dist::make_communicator(world, cpu_config(), torch::kCPU);
+    body(world.rank, comm);
+    comm->shutdown();
+  });
 }
 
 ::testing::AssertionResult all_ranks_finished(const std::vector<std::string>& errors) {
@@ -115,26 +123,11 @@ std::vector<std::string> run_ranks(int world_size, const std::function<void(int,
 // it finished).
 std::vector<std::string> join_ranks(int world_size, const std::function<std::string(int)>& yaml_of,
                                     const std::function<void(int, const ddp_lab::Setup&)>& body) {
-  const int port = test::free_port();
-  std::vector<std::string> errors(world_size);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        dist::WorldInfo world;
-        world.rank = world.local_rank = r;
-        world.world_size = world.local_world_size = world_size;
-        world.master_port = port;
-        ddp_lab::Setup setup = ddp_lab::join_job(world, torch::kCPU, cpu_config(), yaml_of(r));
-        body(r, setup);
-        setup.comm->shutdown();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
+  return on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
+    ddp_lab::Setup setup = ddp_lab::join_job(world, torch::kCPU, cpu_config(), yaml_of(world.rank));
+    body(world.rank, setup);
+    setup.comm->shutdown();
+  });
 }
 
 TEST(Ddp1_Join, AloneTheProcessIsRankZeroOfOne) {
