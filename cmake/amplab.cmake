@@ -193,6 +193,7 @@ function(amplab_add_lab lab)
     foreach(variant IN LISTS _variants)
       if(variant STREQUAL AMPLAB_PRIMARY_VARIANT)
         set(_exe ${lab})
+        set_property(GLOBAL APPEND PROPERTY AMPLAB_LAB_BINARIES ${lab})  # bin/<lab>, for tests that start them
       else()
         set(_exe ${lab}-${variant})
       endif()
