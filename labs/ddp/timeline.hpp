@@ -65,6 +65,13 @@ class TimelineCommunicator final : public amplab::dist::Communicator {
                                   std::vector<torch::Tensor> to) override {
     return inner_->then_copy(std::move(work), std::move(from), std::move(to));
   }
+  std::shared_ptr<amplab::dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input,
+                                                     amplab::dist::Reduction op) override {
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  std::shared_ptr<amplab::dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    return inner_->all_gather(std::move(output), std::move(input));
+  }
   void broadcast(std::vector<torch::Tensor> tensors, int root) override { inner_->broadcast(std::move(tensors), root); }
   std::vector<std::string> all_gather_bytes(const std::string& mine) override { return inner_->all_gather_bytes(mine); }
   void barrier() override { inner_->barrier(); }

@@ -416,6 +416,29 @@ TEST(Collectives, ThenCopyConvertsOnceTheWorkIsDoneAndRefusesUnpairedLists) {
                                 {"then_copy", "one destination per source", "1 source(s) and 0 destination(s)"}));
 }
 
+TEST(Collectives, OneRankReduceScatterAndAllGatherAreCopiesAndBadSizesAreRefused) {
+  auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
+  auto input = torch::tensor({1.f, 2.f, 3.f});
+  auto output = torch::zeros({3});
+  comm->reduce_scatter(output, input, dist::Reduction::mean)->wait();
+  EXPECT_TRUE(test::tensors_equal(output, input));
+  auto gathered = torch::zeros({3});
+  comm->all_gather(gathered, input)->wait();
+  EXPECT_TRUE(test::tensors_equal(gathered, input));
+  comm->all_gather(gathered, gathered)->wait();  // in place: the whole is the part
+  EXPECT_TRUE(test::tensors_equal(gathered, input));
+  EXPECT_TRUE(test::throws_with([&] { comm->reduce_scatter(torch::zeros({2}), input); },
+                                {"reduce_scatter (rank 0)", "3 elements", "world size 1 x the shard's 2",
+                                 "shard_numel"}));
+  EXPECT_TRUE(test::throws_with([&] { comm->all_gather(gathered, input.to(torch::kFloat64)); },
+                                {"all_gather (rank 0)", "Float and Double", "one dtype"}));
+  EXPECT_TRUE(test::throws_with([&] { comm->reduce_scatter(torch::zeros({3}, torch::kInt64), torch::ones({3}, torch::kInt64), dist::Reduction::mean); },
+                                {"a mean of Long tensors", "Reduction::sum"}));
+  EXPECT_EQ(dist::shard_numel(10, 4), 3);
+  EXPECT_EQ(dist::shard_numel(12, 4), 3);
+  EXPECT_EQ(dist::shard_numel(0, 4), 0);
+}
+
 TEST(Ddp, RefusesToWrapTwice) {
   AMPLAB_REQUIRE_REFERENCE_DDP();
   auto comm = dist::make_communicator(WorldInfo{}, {}, torch::kCPU);
@@ -531,15 +554,22 @@ TEST(Launcher, AKilledRankStopsTheOthersPromptly) {
 TEST(Collectives, WorldSize2) {
   Outcome o = launch(2, {"collectives"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  for (const char* check : {"all-reduce", "broadcast", "all-gather and barrier", "metric helpers", "store cleanup"})
+  for (const char* check : {"all-reduce", "broadcast", "reduce-scatter and all-gather", "all-gather and barrier", "metric helpers", "store cleanup"})
     EXPECT_TRUE(all_ranks_ok(o, 2, check));
 }
 
 TEST(Collectives, WorldSize3) {
   Outcome o = launch(3, {"collectives"});
   ASSERT_EQ(o.exit_code, 0) << o.output;
-  for (const char* check : {"all-reduce", "broadcast", "all-gather and barrier", "metric helpers", "store cleanup"})
+  for (const char* check : {"all-reduce", "broadcast", "reduce-scatter and all-gather", "all-gather and barrier", "metric helpers", "store cleanup"})
     EXPECT_TRUE(all_ranks_ok(o, 3, check));
+}
+
+TEST(Collectives, WorldSize4) {
+  Outcome o = launch(4, {"collectives"});
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  for (const char* check : {"all-reduce", "broadcast", "reduce-scatter and all-gather", "all-gather and barrier", "metric helpers", "store cleanup"})
+    EXPECT_TRUE(all_ranks_ok(o, 4, check));
 }
 
 TEST(Ddp, MatchesOneProcessWithTheWholeBatchWorldSize2) {
@@ -625,7 +655,7 @@ TEST(Nccl, CollectivesAndDdpOnTwoGpus_CUDA) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   Outcome collectives = launch(2, {"collectives", "--nccl"}, 120);
   ASSERT_EQ(collectives.exit_code, 0) << collectives.output;
-  for (const char* check : {"all-reduce", "broadcast", "all-gather and barrier", "metric helpers", "store cleanup"})
+  for (const char* check : {"all-reduce", "broadcast", "reduce-scatter and all-gather", "all-gather and barrier", "metric helpers", "store cleanup"})
     EXPECT_TRUE(all_ranks_ok(collectives, 2, check));
   Outcome ddp = launch(2, {"ddp", "--nccl"}, 120);
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;

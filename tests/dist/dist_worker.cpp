@@ -138,6 +138,62 @@ std::shared_ptr<dist::Communicator> connect(double timeout_s = 30) {
 
 // ---------------------------------------------------------------- collectives
 
+// Reduce-scatter and all-gather against all-reduce: the chunk this rank gets is that chunk of the
+// all-reduce (to the bit on the cpu backend), in place or not; a length the world size does not
+// divide goes padded; a whole of the wrong size is refused by name before anything is sent.
+void shard_collectives(dist::Communicator& comm) {
+  const int W = comm.size(), r = comm.rank();
+  const int64_t n = 5;
+  torch::manual_seed(99 + r);
+  auto input = on_device(torch::randn({W * n}));
+  auto reduced = input.clone();
+  comm.all_reduce_sum({reduced})->wait();
+  auto mine = reduced.narrow(0, r * n, n);
+  auto output = on_device(torch::empty({n}));
+  comm.reduce_scatter(output, input)->wait();
+  expect_same_result(output, mine, "reduce-scatter = this rank's chunk of the all-reduce");
+  auto in_place = input.clone();
+  comm.reduce_scatter(in_place.narrow(0, r * n, n), in_place)->wait();
+  expect_same_result(in_place.narrow(0, r * n, n), mine, "reduce-scatter in place");
+  comm.reduce_scatter(output, input, dist::Reduction::mean)->wait();
+  expect_close(output, mine / W, 1e-6, 1e-6, "reduce-scatter mean = sum / world size");
+  auto halves = input.to(torch::kBFloat16), half_out = on_device(torch::empty({n}, torch::kBFloat16));
+  comm.reduce_scatter(half_out, halves)->wait();
+  expect_close(half_out, mine, 2e-2, 2e-2, "reduce-scatter of bf16");
+
+  auto gathered = on_device(torch::empty({W * 3}, torch::kInt64));
+  comm.all_gather(gathered, on_device(torch::full({3}, 10 * r, torch::kInt64)))->wait();
+  auto in_place_gather = on_device(torch::full({W * 3}, -1, torch::kInt64));
+  in_place_gather.narrow(0, r * 3, 3).fill_(10 * r);
+  comm.all_gather(in_place_gather, in_place_gather.narrow(0, r * 3, 3))->wait();
+  auto expected = torch::arange(W, torch::kInt64).mul(10).repeat_interleave(3);
+  expect(gathered.cpu().equal(expected), "all-gather: chunk q is rank q's tensor");
+  expect(in_place_gather.cpu().equal(expected), "all-gather in place");
+
+  // 10 elements on W ranks: shards of shard_numel(10, W), the tail padded with zeros; the
+  // reduce-scattered shards all-gathered back and cut to 10 are the all-reduce of the 10.
+  const int64_t numel = 10, shard = dist::shard_numel(numel, W);
+  auto values = on_device(torch::randn({numel}));
+  auto padded = on_device(torch::zeros({W * shard}));
+  padded.narrow(0, 0, numel).copy_(values);
+  auto my_shard = on_device(torch::empty({shard}));
+  comm.reduce_scatter(my_shard, padded)->wait();
+  auto whole = on_device(torch::empty({W * shard}));
+  comm.all_gather(whole, my_shard)->wait();
+  comm.all_reduce_sum({values})->wait();
+  expect_same_result(whole.narrow(0, 0, numel), values, "uneven: padded reduce-scatter + all-gather = all-reduce");
+  expect(whole.narrow(0, numel, W * shard - numel).eq(0).all().item<bool>(), "uneven: the padding stays zero");
+
+  try {
+    comm.reduce_scatter(on_device(torch::empty({n + 1})), input);
+    fail("a whole of the wrong size is refused", "no error");
+  } catch (const Error& e) {
+    expect(std::string(e.what()).find("pad the whole to world size x shard_numel") != std::string::npos,
+           "a whole of the wrong size is refused", e.what());
+  }
+  ok("reduce-scatter and all-gather");
+}
+
 int collectives() {
   auto comm = connect();
   const int W = comm->size(), r = comm->rank();
@@ -181,6 +237,8 @@ int collectives() {
   expect(f.equal(torch::full({5}, static_cast<float>(W - 1))) && i.equal(torch::full({2, 2}, W - 1, torch::kInt32)),
          "broadcast from the last rank");
   ok("broadcast");
+
+  shard_collectives(*comm);
 
   // Bytes of different lengths, with NULs.
   std::string mine = std::string(static_cast<size_t>(r), 'x') + '\0' + "rank" + std::to_string(r);

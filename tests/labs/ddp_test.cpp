@@ -270,6 +270,14 @@ class Recorder final : public dist::Communicator {
                                         std::vector<torch::Tensor> to) override {
     return inner_->then_copy(std::move(work), std::move(from), std::move(to));
   }
+  std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
+    log_.add("reduce-scatter " + std::to_string(input.nbytes()));
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    log_.add("all-gather " + std::to_string(output.nbytes()));
+    return inner_->all_gather(std::move(output), std::move(input));
+  }
   void broadcast(std::vector<torch::Tensor> tensors, int root) override {
     log_.add("broadcast");
     inner_->broadcast(std::move(tensors), root);

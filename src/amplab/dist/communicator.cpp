@@ -32,6 +32,12 @@ class CopyAfterWork final : public Work {
   std::vector<torch::Tensor> from_, to_;
 };
 
+void copy_unless_same(torch::Tensor& to, const torch::Tensor& from) {
+  if (to.data_ptr() == from.data_ptr()) return;
+  torch::NoGradGuard no_grad;  // the tensors are often parameters
+  to.view({-1}).copy_(from.reshape({-1}));
+}
+
 // One process: the local tensors already are the sum over all (one) ranks.
 class SingleCommunicator final : public Communicator {
  public:
@@ -43,6 +49,17 @@ class SingleCommunicator final : public Communicator {
   std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor>) override { return std::make_shared<DoneWork>(); }
   void broadcast(std::vector<torch::Tensor>, int root) override {
     if (root != 0) throw Error("broadcast: root " + std::to_string(root) + " is not a rank (world size 1)");
+  }
+  // With one rank the whole is the part: a copy unless they are the same memory (in place).
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, Reduction op) override {
+    check_whole_and_part(input, output, "reduce_scatter", op);
+    copy_unless_same(output, input);
+    return std::make_shared<DoneWork>();
+  }
+  std::shared_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    check_whole_and_part(output, input, "all_gather");
+    copy_unless_same(output, input);
+    return std::make_shared<DoneWork>();
   }
   std::vector<std::string> all_gather_bytes(const std::string& mine) override { return {mine}; }
   void barrier() override {}
@@ -76,6 +93,30 @@ void Communicator::check_copy_pairs(const std::vector<torch::Tensor>& from, cons
   if (from.size() != to.size())
     throw Error("then_copy: needs one destination per source, got " + std::to_string(from.size()) + " source(s) and " +
                 std::to_string(to.size()) + " destination(s)");
+}
+
+void Communicator::check_whole_and_part(const torch::Tensor& whole, const torch::Tensor& part, const char* op,
+                                        Reduction reduction) const {
+  std::string name = std::string(op) + " (rank " + std::to_string(rank()) + ")";
+  if (!whole.defined() || !part.defined()) throw Error(name + ": got an undefined tensor");
+  if (whole.scalar_type() != part.scalar_type())
+    throw Error(name + ": the tensors are " + std::string(c10::toString(whole.scalar_type())) + " and " +
+                c10::toString(part.scalar_type()) + "; pass two of one dtype");
+  if (!whole.is_contiguous() || !part.is_contiguous())
+    throw Error(name + ": the tensors must be contiguous (a chunk of a flat buffer is; call .contiguous())");
+  if (whole.numel() != static_cast<int64_t>(size()) * part.numel())
+    throw Error(name + ": the whole has " + std::to_string(whole.numel()) + " elements, not world size " +
+                std::to_string(size()) + " x the shard's " + std::to_string(part.numel()) +
+                "; pad the whole to world size x shard_numel(numel, world size)");
+  if (reduction == Reduction::mean && !whole.is_floating_point())
+    throw Error(name + ": a mean of " + std::string(c10::toString(whole.scalar_type())) +
+                " tensors is not one; use Reduction::sum");
+}
+
+int64_t shard_numel(int64_t numel, int world_size) {
+  if (numel < 0 || world_size < 1)
+    throw Error("shard_numel: " + std::to_string(numel) + " elements over " + std::to_string(world_size) + " ranks");
+  return (numel + world_size - 1) / world_size;
 }
 
 std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device) {

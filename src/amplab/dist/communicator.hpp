@@ -25,6 +25,9 @@
 
 namespace amplab::dist {
 
+// How reduce_scatter combines the ranks' chunks.
+enum class Reduction { sum, mean };
+
 // A collective in flight.
 class Work {
  public:
@@ -60,6 +63,16 @@ class Communicator {
   // fp32 this way while backward goes on); the default does it in wait().
   virtual std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
                                           std::vector<torch::Tensor> to);
+  // Reduce-scatter, asynchronously (wait() before reading `output`). `input` is size() equal
+  // chunks laid end to end (input.numel() == size() * output.numel()); rank r's `output` becomes
+  // the sum (or mean) over the ranks of their chunk r. `output` may be chunk rank() of `input`
+  // itself (in place). A length that does not divide by the world size is the caller's to pad:
+  // see shard_numel. Both tensors contiguous, of one floating dtype for a mean.
+  virtual std::shared_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input,
+                                               Reduction op = Reduction::sum) = 0;
+  // All-gather, asynchronously: `output` is size() chunks of input.numel() elements, and chunk r
+  // becomes rank r's `input`. `input` may be chunk rank() of `output` itself (in place).
+  virtual std::shared_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) = 0;
   // Copies rank `root`'s tensors into every rank's tensors (in place); returns when done.
   virtual void broadcast(std::vector<torch::Tensor> tensors, int root) = 0;
   // Every rank's bytes, indexed by rank. For small metadata (parameter names and shapes), not
@@ -80,6 +93,10 @@ class Communicator {
  protected:
   // then_copy's argument check, for the backends that override it.
   static void check_copy_pairs(const std::vector<torch::Tensor>& from, const std::vector<torch::Tensor>& to);
+  // reduce_scatter's and all_gather's argument check: `whole` has size() chunks of `part`'s
+  // numel, both defined, contiguous and of one dtype (floating for a mean). `op` names the call.
+  void check_whole_and_part(const torch::Tensor& whole, const torch::Tensor& part, const char* op,
+                            Reduction reduction = Reduction::sum) const;
 };
 
 // The backend that `config.backend` resolves to for a run on `run_device` ("single" when the
@@ -91,6 +108,11 @@ std::string resolve_backend(const WorldInfo& world, const DistConfig& config, to
 // is set up. For nccl, the current CUDA device becomes cuda:LOCAL_RANK.
 std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const DistConfig& config,
                                                 torch::Device run_device);
+
+// The length of each rank's shard when `numel` elements are cut into `world_size` equal pieces:
+// numel / world_size rounded up. The last shards may then hold padding (world_size * shard_numel
+// - numel elements), which the caller keeps at zero and leaves out of what it reads back.
+int64_t shard_numel(int64_t numel, int world_size);
 
 // The mean of `value` (any shape) across ranks, for logging metrics such as the loss. Floating
 // tensors keep their dtype; others become float64. Waits for the result.

@@ -86,6 +86,22 @@ class CpuCommunicator final : public Communicator {
     });
   }
 
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, Reduction op) override {
+    check_cpu({output, input}, "reduce_scatter");
+    check_whole_and_part(input, output, "reduce_scatter", op);
+    return submit("reduce-scatter", [this, output, input, op](const std::string& what) {
+      run_reduce_scatter(what, output, input, op);
+    });
+  }
+
+  std::shared_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    check_cpu({output, input}, "all_gather");
+    check_whole_and_part(output, input, "all_gather");
+    return submit("all-gather (tensor)", [this, output, input](const std::string& what) {
+      run_all_gather(what, output, input);
+    });
+  }
+
   void broadcast(std::vector<torch::Tensor> tensors, int root) override {
     check_cpu(tensors, "broadcast");
     TORCH_CHECK(root >= 0 && root < world_.world_size, "broadcast: root ", root, " is not a rank");
@@ -185,14 +201,7 @@ class CpuCommunicator final : public Communicator {
   void run_all_reduce(const std::string& what, const std::vector<torch::Tensor>& tensors) {
     std::string mine;
     for (const auto& t : tensors) append_bytes(mine, t);
-    std::vector<std::string> all = exchange_->all_gather(what, mine);
-    for (int r = 0; r < world_.world_size; ++r) {
-      if (all[r].size() != mine.size()) {
-        throw Error(what + ": rank " + std::to_string(r) + " sent " + std::to_string(all[r].size()) + " bytes but rank " +
-                    std::to_string(world_.rank) + " sent " + std::to_string(mine.size()) +
-                    ": the ranks passed tensors of different sizes or dtypes");
-      }
-    }
+    std::vector<std::string> all = exchange_same_sizes(what, mine);
     // Sum in rank order on every rank: identical inputs, identical order, identical bits.
     size_t offset = 0;
     for (const auto& t : tensors) {
@@ -201,6 +210,40 @@ class CpuCommunicator final : public Communicator {
       t.copy_(sum);
       offset += byte_size(t);
     }
+  }
+
+  // Every rank's bytes, each checked to be as long as this rank's.
+  std::vector<std::string> exchange_same_sizes(const std::string& what, const std::string& mine) {
+    std::vector<std::string> all = exchange_->all_gather(what, mine);
+    for (int r = 0; r < world_.world_size; ++r) {
+      if (all[r].size() != mine.size()) {
+        throw Error(what + ": rank " + std::to_string(r) + " sent " + std::to_string(all[r].size()) + " bytes but rank " +
+                    std::to_string(world_.rank) + " sent " + std::to_string(mine.size()) +
+                    ": the ranks passed tensors of different sizes or dtypes");
+      }
+    }
+    return all;
+  }
+
+  // Each rank posts its whole input and sums chunk `rank` of everyone's, in rank order: the bits
+  // of the same chunk of an all-reduce. (Traffic is the whole input per rank, as for all-reduce.)
+  void run_reduce_scatter(const std::string& what, torch::Tensor output, const torch::Tensor& input, Reduction op) {
+    std::string mine;
+    append_bytes(mine, input);
+    std::vector<std::string> all = exchange_same_sizes(what, mine);
+    size_t offset = static_cast<size_t>(world_.rank) * byte_size(output);
+    torch::Tensor sum = tensor_over(all[0], offset, output).clone();
+    for (int r = 1; r < world_.world_size; ++r) sum.add_(tensor_over(all[r], offset, output));
+    if (op == Reduction::mean) sum.div_(world_.world_size);
+    output.copy_(sum);
+  }
+
+  void run_all_gather(const std::string& what, torch::Tensor output, const torch::Tensor& input) {
+    std::string mine;
+    append_bytes(mine, input);
+    std::vector<std::string> all = exchange_same_sizes(what, mine);
+    auto chunks = output.view({world_.world_size, -1});
+    for (int r = 0; r < world_.world_size; ++r) chunks[r].copy_(tensor_over(all[r], 0, chunks[r]));
   }
 
   void run_broadcast(const std::string& what, const std::vector<torch::Tensor>& tensors, int root) {

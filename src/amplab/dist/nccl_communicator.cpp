@@ -187,6 +187,32 @@ class NcclCommunicator final : public Communicator {
     return std::make_shared<SideStreamWork>(std::move(done));
   }
 
+  // NCCL's own reduce-scatter and all-gather (c10d's "_base" calls: one flat tensor each side);
+  // in place is NCCL's in place, an output that is chunk `rank` of the input.
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, Reduction op) override {
+    check_device({output, input}, "reduce_scatter");
+    check_whole_and_part(input, output, "reduce_scatter", op);
+    std::string what = "nccl reduce-scatter #" + std::to_string(++issued_);
+    try {
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = op == Reduction::mean ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+      return std::make_shared<NcclWork>(group_->_reduce_scatter_base(output, input, options), what);
+    } catch (const c10::Error& e) {
+      throw Error(what + ": " + first_line(e));
+    }
+  }
+
+  std::shared_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    check_device({output, input}, "all_gather");
+    check_whole_and_part(output, input, "all_gather");
+    std::string what = "nccl all-gather #" + std::to_string(++issued_);
+    try {
+      return std::make_shared<NcclWork>(group_->_allgather_base(output, input), what);
+    } catch (const c10::Error& e) {
+      throw Error(what + ": " + first_line(e));
+    }
+  }
+
   void broadcast(std::vector<torch::Tensor> tensors, int root) override {
     check_device(tensors, "broadcast");
     std::string what = "nccl broadcast #" + std::to_string(++issued_) + " from rank " + std::to_string(root);
