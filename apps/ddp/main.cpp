@@ -19,6 +19,7 @@
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "bench.hpp"
+#include "collectives.hpp"
 #include "config.hpp"
 #include "ddp_lab.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
@@ -103,6 +104,9 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::Ru
 
 // Refuses, before the run directory exists, values that do not go together.
 std::optional<int> check_config(const DdpConfig& config, const amplab::ConfigSource& source) {
+  if (config.bench.enabled && config.collectives.enabled)
+    throw amplab::Error(source.where("collectives.enabled") + ": bench.enabled and collectives.enabled are both true (" +
+                        source.where("bench.enabled") + "); a run does one of them: set the other to false");
   if (config.bench.first_layer_pieces > config.bench.width)
     throw amplab::Error(source.where("bench.first_layer_pieces") + ": bench.first_layer_pieces: " +
                         std::to_string(config.bench.first_layer_pieces) + " pieces of a layer with bench.width = " +
@@ -111,7 +115,8 @@ std::optional<int> check_config(const DdpConfig& config, const amplab::ConfigSou
   return std::nullopt;
 }
 
-// The lab's body on one rank: join the job (the student's ddp-1), then train or benchmark.
+// The lab's body on one rank: join the job (the student's ddp-1), then train, or time the
+// collectives or the MLP step.
 int run_rank(amplab::Lab<DdpConfig>& lab) {
   const std::string yaml = amplab::to_yaml(lab.config);
   const DdpConfig& config = lab.config;
@@ -119,9 +124,15 @@ int run_rank(amplab::Lab<DdpConfig>& lab) {
   amplab::log::info(lab.world.describe() + ", " + setup.comm->backend());
   lab.size_keys = config.bench.enabled ? "bench.width, bench.layers or bench.batch" : "train.batch_size or data.train_limit";
   lab.draw_plots = config.bench.enabled;
-  const int code = config.bench.enabled ? ddp_lab::run_bench(config, setup, lab.run, lab.results, amplab::course_mechanisms(),
-                                                             amplab::make_fast_path_optimizer)
-                                        : train(config, setup, lab.run, yaml, lab.cli, lab.results);
+  int code;
+  if (config.collectives.enabled) {
+    lab.size_keys = "collectives.sizes_kib";
+    code = ddp_lab::run_collectives_bench(config.collectives, setup, lab.results);
+  } else if (config.bench.enabled) {
+    code = ddp_lab::run_bench(config, setup, lab.run, lab.results, amplab::course_mechanisms(), amplab::make_fast_path_optimizer);
+  } else {
+    code = train(config, setup, lab.run, yaml, lab.cli, lab.results);
+  }
   setup.comm->shutdown();  // every rank leaves in order: rank 0 hosts the store
   return code;
 }

@@ -54,6 +54,25 @@ struct DdpBenchConfig {
   }
 };
 
+struct DdpCollectivesConfig {
+  bool enabled = false;
+  std::vector<int64_t> sizes_kib = {4, 64, 1024, 16384, 262144};
+  int warmup = 5, windows = 5, iterations = 20;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("enabled", enabled,
+            "time all-reduce, reduce-scatter and all-gather across message sizes (collectives.csv) instead of "
+            "training");
+    v.field("sizes_kib", sizes_kib, "the sizes of the whole buffer to time, in KiB of fp32",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("warmup", warmup, "untimed calls per collective and size", amplab::Range<int64_t>::at_least(0));
+    v.field("windows", windows, "timed windows per collective and size (the median is shown)",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("iterations", iterations, "calls back to back per window", amplab::Range<int64_t>::at_least(1));
+  }
+};
+
 struct DdpConfig {
   amplab::RunConfig run;
   amplab::DataConfig data;
@@ -61,6 +80,7 @@ struct DdpConfig {
   amplab::CheckpointConfig checkpoint;
   ddp_lab::LabDistConfig dist;
   DdpBenchConfig bench;
+  DdpCollectivesConfig collectives;
   template <class V>
   void fields(V& v) {
     v.section("run", run);
@@ -69,6 +89,7 @@ struct DdpConfig {
     v.section("checkpoint", checkpoint);
     v.section("dist", dist);
     v.section("bench", bench);
+    v.section("collectives", collectives);
   }
 };
 
