@@ -7,6 +7,8 @@ A lab.yaml is flat `key: value` lines (comments start with #), so that CMake rea
     number: 2                   # its place in the course ("Lab 2: ...")
     title: "AMP training, ..."  # what the binary prints first and --help shows
     mechanisms: true            # every lab binary's Trainer runs this lab's code
+    ranks: 2                    # optional: scripts/run.sh starts this many ranks (amplab-run), one per
+                                # GPU where there are GPUs (at most as many as there are), else CPU ranks
 """
 import dataclasses
 import pathlib
@@ -15,6 +17,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("name", "number", "title", "mechanisms")
+OPTIONAL_KEYS = ("ranks",)
 
 
 class LabFileError(Exception):
@@ -27,6 +30,7 @@ class LabInfo:
     number: int
     title: str
     mechanisms: bool
+    ranks: int = 1
 
     @property
     def full_title(self):
@@ -39,8 +43,8 @@ def read_lab(path: pathlib.Path) -> LabInfo:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         match = re.fullmatch(r'([a-z_]+): *"?([^"]*?)"? *', line)
-        if not match or match.group(1) not in KEYS:
-            raise LabFileError(f"{path}:{number}: expected one of {', '.join(KEYS)} as 'key: value'")
+        if not match or match.group(1) not in KEYS + OPTIONAL_KEYS:
+            raise LabFileError(f"{path}:{number}: expected one of {', '.join(KEYS + OPTIONAL_KEYS)} as 'key: value'")
         values[match.group(1)] = match.group(2)
     missing = [k for k in KEYS if k not in values]
     if missing:
@@ -49,7 +53,10 @@ def read_lab(path: pathlib.Path) -> LabInfo:
         raise LabFileError(f"{path}: name {values['name']} is not its folder's name ({path.parent.name})")
     if not values["number"].isdigit() or values["mechanisms"] not in ("true", "false"):
         raise LabFileError(f"{path}: number must be a whole number and mechanisms true or false")
-    return LabInfo(values["name"], int(values["number"]), values["title"], values["mechanisms"] == "true")
+    ranks = values.get("ranks", "1")
+    if not ranks.isdigit() or int(ranks) < 1:
+        raise LabFileError(f"{path}: ranks must be a whole number of at least 1, not {ranks!r}")
+    return LabInfo(values["name"], int(values["number"]), values["title"], values["mechanisms"] == "true", int(ranks))
 
 
 def all_labs(root: pathlib.Path = ROOT) -> list:
@@ -78,6 +85,9 @@ def mechanism_labs(root: pathlib.Path = ROOT) -> list:
     return [lab.name for lab in labs_or_exit(root) if lab.mechanisms]
 
 
-if __name__ == "__main__":  # scripts/run.sh --help: the labs, one per line
-    for lab in labs_or_exit():
-        print(f"  {lab.name:<20} {lab.full_title}")
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--ranks":  # scripts/run.sh: how many ranks LAB starts
+        print(next((lab.ranks for lab in labs_or_exit() if lab.name == sys.argv[2]), 1))
+    else:  # scripts/run.sh --help: the labs, one per line
+        for lab in labs_or_exit():
+            print(f"  {lab.name:<20} {lab.full_title}")

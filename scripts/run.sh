@@ -20,5 +20,19 @@ if [ ! -f "labs/$lab/lab.yaml" ]; then
   list_labs >&2
   exit 2
 fi
-bash scripts/setup.sh --target "$lab" >&2
-exec "build/bin/$lab" "$@"
+ranks=$(python3 scripts/amplab_labs.py --ranks "$lab")  # labs/<lab>/lab.yaml's `ranks` (default 1)
+if [ "$ranks" -le 1 ]; then
+  bash scripts/setup.sh --target "$lab" >&2
+  exec "build/bin/$lab" "$@"
+fi
+# A lab of several ranks: one per GPU (no more than there are), or CPU ranks on a machine without.
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+device=()
+if [ "$gpus" -eq 0 ]; then
+  device=(--set run.device=cpu)
+  echo "[run] no GPU here: $ranks CPU ranks (the GPU parts of the lab are skipped)" >&2
+elif [ "$gpus" -lt "$ranks" ]; then
+  ranks=$gpus
+fi
+bash scripts/setup.sh --target "$lab" --target amplab-run >&2
+exec build/bin/amplab-run --nproc-per-node "$ranks" -- "build/bin/$lab" "${device[@]}" "$@"

@@ -1,0 +1,178 @@
+// Lab 8, sharded data parallelism: the same MLP trained on the same data, first as DDP (the
+// gradients all-reduced, every rank stepping the whole model with torch's AdamW), then with your
+// ZeRO-1 (labs/sharded_training/sharded_training.hpp): the optimizer state each rank holds, against your estimate, the
+// step time, and the losses of the two side by side. Launch with our launcher or torchrun:
+//   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
+//   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <functional>
+
+#include "amplab/dist/communicator.hpp"
+#include "amplab/infra/device.hpp"
+#include "amplab/infra/log.hpp"
+#include "amplab/infra/signals.hpp"
+#include "amplab/lab_main.hpp"
+#include "amplab/measure/timing.hpp"
+#include "amplab/report/table.hpp"
+#include "config.hpp"
+#include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
+#include "sharded_training.hpp"
+
+namespace {
+
+using amplab::decimals;
+using zero_lab::ZeroConfig;
+using ZeroLab = amplab::Lab<ZeroConfig>;
+
+// The MLP, made from run.seed: every rank builds the same one (the init runs on the CPU).
+torch::nn::Sequential make_mlp(const ZeroConfig& config, torch::Device device) {
+  torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+  torch::nn::Sequential mlp;
+  for (int64_t i = 0; i < config.model.layers; ++i) {
+    mlp->push_back(torch::nn::Linear(config.model.width, config.model.width));
+    if (i + 1 < config.model.layers) mlp->push_back(torch::nn::ReLU());
+  }
+  mlp->to(device);
+  return mlp;
+}
+
+// Step `step`'s data on this rank: its rows of a global batch drawn from run.seed and the step,
+// the targets a fixed function of the inputs. Every stage sees the same batches.
+std::pair<torch::Tensor, torch::Tensor> batch_of(const ZeroConfig& config, const amplab::dist::Communicator& comm,
+                                                 int step, torch::Device device) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(config.run.seed) * 1000003 + step);
+  const int64_t rows = config.model.batch;
+  auto x = at::randn({rows * comm.size(), config.model.width}, gen).narrow(0, rows * comm.rank(), rows);
+  auto y = torch::sin(x * 2).roll(1, 1);
+  return {x.to(device), y.to(device)};
+}
+
+struct StageRun {
+  std::vector<double> losses;  // the mean over ranks, per step
+  double step_ms = 0;          // median after train.warmup
+  int64_t state_bytes = 0;     // optimizer state on this rank
+};
+
+// Trains config.train.steps steps; `step()` is the stage's optimizer step after backward.
+StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::nn::Sequential& mlp,
+               torch::Device device, const std::function<void()>& zero_grad, const std::function<void()>& step) {
+  StageRun out;
+  std::vector<double> times;
+  amplab::DeviceTimer timer(device);
+  for (int s = 0; s < config.train.steps; ++s) {
+    auto [x, y] = batch_of(config, comm, s, device);
+    timer.start();
+    zero_grad();
+    auto loss = torch::mse_loss(mlp->forward(x), y);
+    loss.backward();
+    step();
+    const double ms = timer.stop_ms();
+    if (s >= config.train.warmup) times.push_back(ms);
+    // The loss summed over the ranks and whether any rank was asked to stop, in one all-reduce:
+    // every rank stops after the same step (a rank that stopped alone would leave the others
+    // waiting in the next step's collectives).
+    auto shared = torch::tensor({loss.item<double>(), static_cast<double>(amplab::interrupt_signal())}, torch::kFloat64);
+    shared = shared.to(device);
+    comm.all_reduce_sum({shared})->wait();
+    shared = shared.cpu();
+    out.losses.push_back(shared[0].item<double>() / comm.size());
+    if (shared[1].item<double>() > 0)
+      throw amplab::Interrupted(amplab::interrupt_requested() ? amplab::interrupt_signal() : SIGINT);
+  }
+  out.step_ms = times.empty() ? 0 : amplab::summarize(times).median;
+  return out;
+}
+
+// DDP: every gradient averaged by one all-reduce, then torch's AdamW on the whole model.
+StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::Device device) {
+  auto mlp = make_mlp(config, device);
+  torch::optim::AdamW adamw(mlp->parameters(), torch::optim::AdamWOptions(config.train.lr)
+                                                   .weight_decay(config.train.weight_decay));
+  StageRun run = train(config, comm, mlp, device, [&] { adamw.zero_grad(); }, [&] {
+    std::vector<torch::Tensor> grads;
+    for (auto& p : mlp->parameters()) grads.push_back(p.grad());
+    comm.all_reduce_mean(grads)->wait();
+    adamw.step();
+  });
+  for (const auto& [key, state] : adamw.state()) {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
+    run.state_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
+  }
+  return run;
+}
+
+// ZeRO-1: your ShardedAdamW.
+StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
+  auto mlp = make_mlp(config, device);
+  zero_lab::AdamWOptions options;
+  options.lr = config.train.lr;
+  options.weight_decay = config.train.weight_decay;
+  zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, options);
+  StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  run.state_bytes = adamw.state_bytes();
+  return run;
+}
+
+int run_rank(ZeroLab& lab) {
+  const ZeroConfig& config = lab.config;
+  auto comm = amplab::dist::make_communicator(lab.world, config.dist, lab.device);
+  const int world = comm->size();
+  int64_t num_params = 0;
+  for (const auto& p : make_mlp(config, torch::kCPU)->parameters()) num_params += p.numel();
+  amplab::log::info(lab.world.describe() + ", " + comm->backend() + "; the MLP has " + std::to_string(num_params) +
+                    " parameters");
+
+  lab.phase("ddp");
+  const StageRun ddp = train_ddp(config, *comm, lab.device);
+  lab.phase("zero-1");
+  const StageRun zero1 = train_zero1(config, comm, lab.device);
+  lab.phase("");
+
+  auto& stages = lab.results.table(
+      "stages", {{"stage", "stage"}, {"state_bytes", "optimizer state (bytes, this rank)", decimals(0)},
+                 {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
+                 {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
+  const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}};
+  for (int stage = 0; stage < 2; ++stage) {
+    const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
+    const StageRun& r = *rows[stage].second;
+    stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.step_ms, r.losses.back()});
+  }
+  auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
+                                              {"zero_1", "zero-1", decimals(6)}});
+  double largest = 0;
+  for (size_t s = 0; s < ddp.losses.size(); ++s) {
+    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s]});
+    largest = std::max(largest, std::abs(ddp.losses[s] - zero1.losses[s]) / std::max(std::abs(ddp.losses[s]), 1e-12));
+  }
+  const bool same = largest <= 1e-4;
+  lab.results.set("world_size", world);
+  lab.results.set("backend", comm->backend());
+  lab.results.set("num_params", num_params);
+  lab.results.set("largest_relative_loss_difference", largest);
+  lab.results.set("losses_match", same);
+  comm->shutdown();
+  if (!lab.world.is_main()) return same ? amplab::kExitOk : amplab::kExitFailure;
+  lab.results.print("stages", "DDP and ZeRO-1 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
+                                  std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
+                                  "), " + std::to_string(num_params) + " parameters",
+                    "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
+                    "optimizer_state (fp32, stage 0 for ddp); ms/step: median after " + std::to_string(config.train.warmup) +
+                    " steps\n");
+  std::cout << "losses of ZeRO-1 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
+            << amplab::fixed(largest, 9) << " over " << ddp.losses.size() << " steps)\n";
+  return same ? amplab::kExitOk : amplab::kExitFailure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  amplab::LabInfo info{.name = amplab::this_lab::kName, .title = amplab::this_lab::kTitle, .accepts_resume = false,
+                       .size_keys = "model.width, model.layers or model.batch", .resume_help = "",
+                       .one_process_per_rank = true};
+  return amplab::lab_main<ZeroConfig>(argc, argv, info, nullptr, run_rank);
+}

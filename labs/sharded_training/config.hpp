@@ -1,0 +1,54 @@
+// The sharded_training lab's config: the keys of configs/sharded_training.yaml and what each means.
+#pragma once
+
+#include <cstdint>
+
+#include "amplab/dist/world.hpp"
+#include "amplab/infra/config.hpp"
+#include "amplab/report/run_dir.hpp"
+
+namespace zero_lab {
+
+struct ZeroModelConfig {
+  int64_t width = 1024, layers = 4, batch = 64;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("width", width, "width of the MLP (layers x Linear(width, width) with ReLU between)",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("layers", layers, "Linear layers of the MLP", amplab::Range<int64_t>::at_least(1));
+    v.field("batch", batch, "samples per rank per step (the global batch is world size x batch)",
+            amplab::Range<int64_t>::at_least(1));
+  }
+};
+
+struct ZeroTrainConfig {
+  int steps = 30, warmup = 3;
+  double lr = 1e-3, weight_decay = 0.01;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("steps", steps, "optimizer steps each stage trains (the same data for every stage)",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("warmup", warmup, "of those, the first steps left out of the step time", amplab::Range<int64_t>::at_least(0));
+    v.field("lr", lr, "AdamW's learning rate", amplab::Range<double>::positive());
+    v.field("weight_decay", weight_decay, "AdamW's decoupled weight decay", amplab::Range<double>::at_least(0));
+  }
+};
+
+struct ZeroConfig {
+  amplab::RunConfig run;
+  amplab::dist::DistConfig dist;
+  ZeroModelConfig model;
+  ZeroTrainConfig train;
+
+  template <class V>
+  void fields(V& v) {
+    v.section("run", run);
+    v.section("dist", dist);
+    v.section("model", model);
+    v.section("train", train);
+  }
+};
+
+}  // namespace zero_lab

@@ -1,0 +1,95 @@
+// Lab 8: sharded data parallelism, ZeRO stage 1 (labs/sharded_training/README.md has the theory).
+//
+// DDP (lab 5) keeps the whole model, its whole gradient and the whole optimizer state on every
+// rank: W copies of everything. ZeRO-1 keeps one copy of the optimizer state, cut in W pieces:
+//
+//   flat buffer   [ p0 p0 p0 | p1 p1 ... p1 | p2 ... p2 | pad ]   every parameter back to back,
+//                 [ shard 0   | shard 1     | shard 2   ...  ]   cut into W equal shards
+//
+// Rank r holds AdamW's two moments for shard r only. After backward the gradients are
+// reduce-scattered (rank r gets the mean over the ranks of shard r's gradients), each rank steps
+// its own shard of the parameters, and an all-gather brings every rank the others' updated shards.
+// Every rank ends the step with the same parameters, as under DDP, having held 1/W of the state.
+//
+//   flat_layout      where each parameter sits and how the buffer is cut            (TODO sharded_training-1)
+//   ShardedAdamW     the sharded step: reduce-scatter, AdamW on a shard, all-gather (TODO sharded_training-2)
+//   estimate_memory  bytes per rank of each part of the training state, per stage   (TODO sharded_training-3)
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "amplab/dist/communicator.hpp"
+
+namespace zero_lab {
+
+// Where each parameter lives in one flat buffer, and how that buffer is cut into shards.
+struct FlatLayout {
+  std::vector<int64_t> offsets;  // parameter i's first element in the flat buffer
+  int64_t numel = 0;             // the parameters' elements, all together (no padding)
+  int64_t shard_numel = 0;       // each rank's shard; the buffer holds world_size * shard_numel
+  int world_size = 1;
+
+  int64_t padded_numel() const { return shard_numel * world_size; }
+  int64_t shard_begin(int rank) const { return rank * shard_numel; }
+};
+
+// TODO(sharded_training-1): the layout of `params` (their order kept) in a flat buffer cut into `world_size`
+// equal shards.
+FlatLayout flat_layout(const std::vector<torch::Tensor>& params, int world_size);
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+
+// AdamW over parameters sharded ZeRO-1's way. The constructor (given: labs/sharded_training/given/) moves the
+// parameters into one flat fp32 buffer laid out by flat_layout: each parameter and its .grad
+// become views of flat_params() and flat_grads(), so backward writes every gradient into the flat
+// buffer. It allocates this rank's optimizer state: two moments of shard_numel elements each.
+// Every rank must pass the same parameters with the same values (broadcast them first).
+class ShardedAdamW {
+ public:
+  ShardedAdamW(std::vector<torch::Tensor> params, std::shared_ptr<amplab::dist::Communicator> comm,
+               AdamWOptions options);
+
+  // TODO(sharded_training-2): one AdamW step of this rank's shard, with every rank's gradients averaged, then
+  // every rank gets every shard.
+  void step();
+
+  void zero_grad() { flat_grads_.zero_(); }  // in place: the .grad views stay views
+  const FlatLayout& layout() const { return layout_; }
+  const torch::Tensor& flat_params() const { return flat_params_; }
+  const torch::Tensor& flat_grads() const { return flat_grads_; }
+  // This rank's shard of the averaged gradient, as the last step() used it.
+  const torch::Tensor& grad_shard() const { return grad_shard_; }
+  int64_t steps() const { return steps_; }
+  // The optimizer state this rank holds, in bytes (the two moments of its shard).
+  int64_t state_bytes() const { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<amplab::dist::Communicator> comm_;
+  AdamWOptions options_;
+  FlatLayout layout_;
+  torch::Tensor flat_params_, flat_grads_;  // padded_numel() elements each, the padding zero
+  torch::Tensor grad_shard_;                // shard_numel elements: this rank's averaged gradient
+  torch::Tensor exp_avg_, exp_avg_sq_;      // shard_numel elements each: AdamW's moments
+  int64_t steps_ = 0;                       // steps taken (AdamW's bias correction counts them)
+};
+
+// Bytes one rank holds of each part of the training state of a model of `num_params`
+// parameters trained with AdamW on `world_size` ranks.
+struct MemoryEstimate {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state; }
+};
+
+// TODO(sharded_training-3): the bytes per rank of the parameters, gradients and optimizer state under ZeRO
+// stage `stage` (0: DDP, 1: optimizer state sharded, 2: gradients too, 3: parameters too), in
+// fp32 or in mixed precision (bf16 parameters and gradients, fp32 master weights and moments).
+MemoryEstimate estimate_memory(int64_t num_params, int world_size, int stage, bool mixed_precision);
+
+}  // namespace zero_lab
