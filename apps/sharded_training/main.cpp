@@ -16,6 +16,7 @@
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
 #include "amplab/lab_main.hpp"
+#include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
 #include "config.hpp"
@@ -55,7 +56,18 @@ struct StageRun {
   std::vector<double> losses;  // the mean over ranks, per step
   double step_ms = 0;          // median after train.warmup
   int64_t state_bytes = 0;     // optimizer state on this rank
+  nlohmann::json held_bytes;   // GPU: what the allocator holds after training (the model, its
+                               // gradients, the optimizer); null on the CPU
+  nlohmann::json peak_bytes;   // GPU: the allocator's peak while training (activations too)
 };
+
+// The allocator's counters since `start`: what the stage holds and its peak (GPU only).
+void measure_memory(StageRun& run, torch::Device device, const amplab::MemoryReading& start) {
+  if (amplab::memory_is_rss(device)) return;
+  const amplab::MemoryReading now = amplab::read_memory(device);
+  run.held_bytes = now.allocated - start.allocated;
+  run.peak_bytes = now.peak_allocated - start.allocated;
+}
 
 // Trains config.train.steps steps; `step()` is the stage's optimizer step after backward.
 StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::nn::Sequential& mlp,
@@ -89,6 +101,8 @@ StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch
 
 // DDP: every gradient averaged by one all-reduce, then torch's AdamW on the whole model.
 StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::Device device) {
+  amplab::reset_peak_memory(device);
+  const amplab::MemoryReading start = amplab::read_memory(device);
   auto mlp = make_mlp(config, device);
   torch::optim::AdamW adamw(mlp->parameters(), torch::optim::AdamWOptions(config.train.lr)
                                                    .weight_decay(config.train.weight_decay));
@@ -102,11 +116,14 @@ StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, t
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
     run.state_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
   }
+  measure_memory(run, device, start);
   return run;
 }
 
 // ZeRO-1: your ShardedAdamW.
 StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
+  amplab::reset_peak_memory(device);
+  const amplab::MemoryReading start = amplab::read_memory(device);
   auto mlp = make_mlp(config, device);
   zero_lab::AdamWOptions options;
   options.lr = config.train.lr;
@@ -114,6 +131,7 @@ StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
   zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, options);
   StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
+  measure_memory(run, device, start);
   return run;
 }
 
@@ -135,12 +153,14 @@ int run_rank(ZeroLab& lab) {
   auto& stages = lab.results.table(
       "stages", {{"stage", "stage"}, {"state_bytes", "optimizer state (bytes, this rank)", decimals(0)},
                  {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
+                 {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
                  {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
   const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}};
   for (int stage = 0; stage < 2; ++stage) {
     const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
     const StageRun& r = *rows[stage].second;
-    stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.step_ms, r.losses.back()});
+    stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
+                r.step_ms, r.losses.back()});
   }
   auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
                                               {"zero_1", "zero-1", decimals(6)}});
@@ -161,8 +181,10 @@ int run_rank(ZeroLab& lab) {
                                   std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
                                   "), " + std::to_string(num_params) + " parameters",
                     "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
-                    "optimizer_state (fp32, stage 0 for ddp); ms/step: median after " + std::to_string(config.train.warmup) +
-                    " steps\n");
+                    "optimizer_state (fp32, stage 0 for ddp) and its total; held: what the CUDA allocator holds for the "
+                    "stage after training (model, gradients, optimizer; ZeRO-1 also its gradient shard), peak: its "
+                    "largest while training (activations too), both '-' on the CPU; ms/step: median after " +
+                    std::to_string(config.train.warmup) + " steps\n");
   std::cout << "losses of ZeRO-1 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
             << amplab::fixed(largest, 9) << " over " << ddp.losses.size() << " steps)\n";
   return same ? amplab::kExitOk : amplab::kExitFailure;

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""PyTorch's side of the sharded_training lab: the lab's MLP (layers x Linear(width) with ReLU,
+fp32, MSE on the lab's kind of batch) trained under DistributedDataParallel with torch's AdamW
+(fused), then with torch.distributed.optim.ZeroRedundancyOptimizer around the same AdamW (ZeRO-1:
+each rank steps its parameters' share and broadcasts it). Launch with torchrun:
+    torchrun --standalone --nproc-per-node 2 bench/sharded_reference.py [--width 8192 --layers 4]
+Prints on rank 0, per setting: the optimizer state this rank holds, what the CUDA allocator holds
+after training (model, gradients, optimizer) and its peak, and the median ms per step after the
+warm-up (CUDA events around forward, backward and the step)."""
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+
+def mlp(width, layers, device):
+    torch.manual_seed(0)
+    mods = []
+    for i in range(layers):
+        mods.append(torch.nn.Linear(width, width))
+        if i + 1 < layers:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods).to(device)
+
+
+def run(setting, args, device):
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    model = DistributedDataParallel(mlp(args.width, args.layers, device), device_ids=[device.index])
+    if setting == "ddp":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+    else:
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
+                                      weight_decay=0.01, fused=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    times = []
+    for step in range(args.steps):
+        gen = torch.Generator().manual_seed(1000003 + step)
+        x = torch.randn(args.batch * world, args.width, generator=gen)[rank * args.batch:(rank + 1) * args.batch].to(device)
+        y = torch.sin(x * 2).roll(1, 1)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        end.record()
+        end.synchronize()
+        if step >= args.warmup:
+            times.append(begin.elapsed_time(end))
+    state = opt.optim.state if setting == "zero-1" else opt.state
+    state_bytes = sum(t.nbytes for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    held = torch.cuda.memory_allocated(device) - start
+    peak = torch.cuda.max_memory_allocated(device) - start
+    return state_bytes, held, peak, statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    rows = [(setting, *run(setting, args, device)) for setting in ("ddp", "zero-1")]
+    if dist.get_rank() == 0:
+        print(f"PyTorch {torch.__version__}: MLP {args.layers} x Linear({args.width}), batch {args.batch} per rank, "
+              f"{dist.get_world_size()} rank(s), fp32")
+        print(f"{'setting':8} {'state (bytes)':>14} {'held (bytes)':>14} {'peak (bytes)':>14} {'ms/step':>9}")
+        for setting, state, held, peak, ms in rows:
+            print(f"{setting:8} {state:14d} {held:14d} {peak:14d} {ms:9.3f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
