@@ -63,7 +63,8 @@ class ShardedAdamW {
   const FlatLayout& layout() const { return layout_; }
   const torch::Tensor& flat_params() const { return flat_params_; }
   const torch::Tensor& flat_grads() const { return flat_grads_; }
-  // This rank's shard of the averaged gradient, as the last step() used it.
+  // This rank's shard of the averaged gradient, as the last step() used it (a view of
+  // flat_grads(): the next zero_grad() clears it).
   const torch::Tensor& grad_shard() const { return grad_shard_; }
   int64_t steps() const { return steps_; }
   // The optimizer state this rank holds, in bytes (the two moments of its shard).
@@ -75,7 +76,7 @@ class ShardedAdamW {
   AdamWOptions options_;
   FlatLayout layout_;
   torch::Tensor flat_params_, flat_grads_;  // padded_numel() elements each, the padding zero
-  torch::Tensor grad_shard_;                // shard_numel elements: this rank's averaged gradient
+  torch::Tensor grad_shard_;                // this rank's shard of flat_grads_ (a view): its averaged gradient
   torch::Tensor exp_avg_, exp_avg_sq_;      // shard_numel elements each: AdamW's moments
   int64_t steps_ = 0;                       // steps taken (AdamW's bias correction counts them)
 };

@@ -12,7 +12,8 @@ namespace zero_lab {
 // TODO(sharded_training-2): one step of AdamW on this rank's shard, ZeRO-1's way. Backward has left every
 // rank's own gradients in flat_grads_ (the .grad views). Three moves:
 //  1. reduce-scatter flat_grads_ into grad_shard_, averaged over the ranks: rank r receives the
-//     mean of every rank's elements [r * shard_numel, (r + 1) * shard_numel);
+//     mean of every rank's elements [r * shard_numel, (r + 1) * shard_numel) (grad_shard_ is that
+//     slice of flat_grads_ itself: the Communicator reduce-scatters in place);
 //  2. AdamW (decoupled weight decay, as torch.optim.AdamW) on this rank's shard of flat_params_,
 //     with moments exp_avg_ and exp_avg_sq_ and step count steps_ (1 at the first step):
 //       p <- p * (1 - lr * weight_decay)

@@ -33,7 +33,9 @@ ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, std::shared_ptr<am
     p.set_data(place(flat_params_));  // the parameter is now a view of the flat buffer
     p.mutable_grad() = place(flat_grads_);  // and backward accumulates into the flat gradient
   }
-  grad_shard_ = torch::zeros({layout_.shard_numel}, options_f32);
+  // This rank's shard of the flat gradient itself: the reduce-scatter runs in place, and stage 1
+  // holds no gradient beyond the full one it already has.
+  grad_shard_ = flat_grads_.narrow(0, layout_.shard_begin(comm_->rank()), layout_.shard_numel);
   exp_avg_ = torch::zeros({layout_.shard_numel}, options_f32);
   exp_avg_sq_ = torch::zeros({layout_.shard_numel}, options_f32);
 }
