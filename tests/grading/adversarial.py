@@ -232,6 +232,16 @@ def solution_text():
     return (ROOT / "solution" / LAB / FILE).read_text()
 
 
+EXIT_HANDLER = r"""  std::atexit([] {
+    std::printf("[       OK ] AmpTraining1_Scale.MultipliesByTheScaleMadeLazilyOnTheLossDevice (0 ms)\n"
+                "[  PASSED  ] 1 test.\n");
+    std::fflush(stdout);
+    _exit(0);
+  });
+  return loss;
+"""
+
+
 def with_body(body, includes=True):
     text = starter_text().replace(HOLE, body)
     return (INCLUDES if includes else "") + text
@@ -293,6 +303,9 @@ CASES = {
                                   "honest TODO 1 code that also clears the ops' observers, through which a graded test "
                                   "watches which kernels a TODO calls (TODO 4 must not hand its state machine to "
                                   "PyTorch's fused kernel): refused for the calls, as a whole"),
+    "exit handler forges the end": (with_body(EXIT_HANDLER), REFUSED,
+                                    "a TODO registers an exit handler (no static initializer): after the failed "
+                                    "tests it prints gtest's passing lines and exits 0"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),

@@ -30,6 +30,7 @@
 #include "idx_files.hpp"
 #include "mechanisms.hpp"
 #include "process.hpp"
+#include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
 
 namespace {
@@ -76,34 +77,11 @@ TEST(Ddp2_Shard, SameSeedSameOrderNewEpochNewOrder) {
 
 // ---------------------------------------------------------------- ranks as threads
 
-// Runs rank(world) on `world_size` threads, each a rank of one job (rank 0 hosts the store on a
-// free port). Returns each rank's error message ("" where it finished).
-std::vector<std::string> on_rank_threads(int world_size, const std::function<void(const dist::WorldInfo&)>& rank) {
-  const int port = test::free_port();
-  std::vector<std::string> errors(world_size);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        dist::WorldInfo world;
-        world.rank = world.local_rank = r;
-        world.world_size = world.local_world_size = world_size;
-        world.master_port = port;
-        rank(world);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
-}
-
 // Runs body(rank, communicator) on `world_size` threads, each a rank of one job on the cpu
 // backend. Returns each rank's error message ("" where it finished).
 std::vector<std::string> run_ranks(int world_size, const std::function<void(int, std::shared_ptr<dist::Communicator>)>& body) {
   at::set_num_threads(1);  // the ranks are the parallelism (and the sums repeat to the bit)
-  return on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
+  return test::on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
     auto comm = dist::make_communicator(world, cpu_config(), torch::kCPU);
     body(world.rank, comm);
     comm->shutdown();
@@ -123,7 +101,7 @@ std::vector<std::string> run_ranks(int world_size, const std::function<void(int,
 // it finished).
 std::vector<std::string> join_ranks(int world_size, const std::function<std::string(int)>& yaml_of,
                                     const std::function<void(int, const ddp_lab::Setup&)>& body) {
-  return on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
+  return test::on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
     ddp_lab::Setup setup = ddp_lab::join_job(world, torch::kCPU, cpu_config(), yaml_of(world.rank));
     body(world.rank, setup);
     setup.comm->shutdown();

@@ -5,9 +5,8 @@
 #include <torch/torch.h>
 
 #include <mutex>
-#include <thread>
 
-#include "process.hpp"  // free_port
+#include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
 #include "sharded_training.hpp"
 
@@ -26,26 +25,11 @@ dist::DistConfig cpu_config() {
 // Returns each rank's error message ("" where it finished).
 std::vector<std::string> run_ranks(int world_size, const std::function<void(std::shared_ptr<dist::Communicator>)>& body) {
   at::set_num_threads(1);
-  const int port = test::free_port();
-  std::vector<std::string> errors(world_size);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        dist::WorldInfo world;
-        world.rank = world.local_rank = r;
-        world.world_size = world.local_world_size = world_size;
-        world.master_port = port;
-        auto comm = dist::make_communicator(world, cpu_config(), torch::kCPU);
-        body(comm);
-        comm->shutdown();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
+  return test::on_rank_threads(world_size, [&](const dist::WorldInfo& world) {
+    auto comm = dist::make_communicator(world, cpu_config(), torch::kCPU);
+    body(comm);
+    comm->shutdown();
+  });
 }
 
 ::testing::AssertionResult all_ranks_finished(const std::vector<std::string>& errors) {
