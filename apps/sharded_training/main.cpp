@@ -139,8 +139,7 @@ int run_rank(ZeroLab& lab) {
   const ZeroConfig& config = lab.config;
   auto comm = amplab::dist::make_communicator(lab.world, config.dist, lab.device);
   const int world = comm->size();
-  int64_t num_params = 0;
-  for (const auto& p : make_mlp(config, torch::kCPU)->parameters()) num_params += p.numel();
+  const int64_t width = config.model.width, num_params = config.model.layers * (width * width + width);
   amplab::log::info(lab.world.describe() + ", " + comm->backend() + "; the MLP has " + std::to_string(num_params) +
                     " parameters");
 
