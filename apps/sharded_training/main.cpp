@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "amplab/dist/communicator.hpp"
+#include "amplab/dist/trainer_sync.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/log.hpp"
 #include "amplab/infra/signals.hpp"
@@ -138,6 +139,7 @@ StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
 int run_rank(ZeroLab& lab) {
   const ZeroConfig& config = lab.config;
   auto comm = amplab::dist::make_communicator(lab.world, config.dist, lab.device);
+  lab.any_rank = amplab::dist::loop_hooks(comm).any;  // every rank stops before the same stage
   const int world = comm->size();
   const int64_t width = config.model.width, num_params = config.model.layers * (width * width + width);
   amplab::log::info(lab.world.describe() + ", " + comm->backend() + "; the MLP has " + std::to_string(num_params) +

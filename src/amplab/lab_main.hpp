@@ -10,6 +10,7 @@
 
 #include <torch/types.h>
 
+#include <csignal>
 #include <functional>
 #include <optional>
 #include <string>
@@ -71,14 +72,24 @@ struct Lab {
   // How an interrupted run goes on, for its last line; a lab that resumes sets its own.
   std::string how_to_go_on = "run the lab again to measure the rest";
 
+  // A lab with several ranks sets this to an agreement over them (dist::loop_hooks(comm).any):
+  // phase() is then a collective, so that a signal that reaches one rank just before a phase and
+  // another just after stops both there, rather than leaving one waiting in the other's next
+  // collective. Every rank must then call phase() with the same names in the same order.
+  std::function<bool(bool)> any_rank = nullptr;
+
   bool on_cpu() const { return !device.is_cuda(); }
   // Labels what the lab does from now on ("" for nothing): in gpu_monitor.csv and summary.json's
   // gpu_monitor, as an NVTX range (Nsight Systems), and with run.trace as trace-<name>.json.
   // A new phase is a safe point: after Ctrl-C the run stops here (Interrupted, signals.hpp).
+  // With several ranks, all of them stop before the same phase: see any_rank.
   void phase(const std::string& name) {
-    if (!name.empty() && interrupt_requested()) {
-      stopped_before = name;
-      stop_if_interrupted();
+    if (!name.empty()) {
+      const int signal = interrupt_signal();
+      if (any_rank ? any_rank(signal != 0) : signal != 0) {
+        stopped_before = name;
+        throw Interrupted(signal != 0 ? signal : SIGINT);
+      }
     }
     current_phase = name;
     if (gpu_timeline) gpu_timeline->phase(name);

@@ -549,6 +549,18 @@ TEST(Launcher, AKilledRankStopsTheOthersPromptly) {
   EXPECT_LT(o.seconds, 20) << o.output;
 }
 
+TEST(Launcher, ARankThatLeftStopsTheOthersWaitingForItAtOnce) {
+  // Rank 1 shuts its communicator down cleanly and exits 0; rank 0 waits in an all-reduce with a
+  // 120 s timeout. A clean leave is no death (no heartbeat goes silent), yet the all-reduce can
+  // never complete: rank 0 must fail now, naming rank 1.
+  Outcome o = launch(2, {"leave", "1", "120"}, 60);
+  EXPECT_FALSE(o.timed_out) << o.output;
+  EXPECT_NE(o.exit_code, 0) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank 1: left")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank 1 left the process group without taking part")) << o.output;
+  EXPECT_LT(o.seconds, 20) << o.output;
+}
+
 // ------------------------------------------------------------------ collectives and DDP, multi-process
 
 TEST(Collectives, WorldSize2) {

@@ -699,6 +699,21 @@ int die(int dying, double timeout_s) {
   fail("die", "the all-reduce completed without rank " + std::to_string(dying));
 }
 
+// Rank `leaving` leaves the group on purpose (it ended, or a signal stopped it early) while the
+// others start an all-reduce it will never join: they must fail at once, not at the timeout.
+int leave(int leaving, double timeout_s) {
+  auto comm = connect(timeout_s);
+  comm->barrier();
+  if (comm->rank() == leaving) {
+    comm->shutdown();
+    std::cout << "rank " << leaving << ": left" << std::endl;
+    return 0;
+  }
+  comm->all_reduce_sum({on_device(torch::ones({4}))})->wait();
+  synchronize_device();
+  fail("leave", "the all-reduce completed without rank " + std::to_string(leaving));
+}
+
 // Joins the group (alone: the test starts one rank only) with a short timeout.
 int join(double timeout_s) {
   auto comm = connect(timeout_s);
@@ -797,12 +812,13 @@ int run(int argc, char** argv) {
   if (scenario == "mismatch") return mismatch();
   auto arg = [&](size_t i, const std::string& fallback) { return args.size() > i ? args[i] : fallback; };
   if (scenario == "die") return die(std::stoi(arg(1, "1")), std::stod(arg(2, "120")));
+  if (scenario == "leave") return leave(std::stoi(arg(1, "1")), std::stod(arg(2, "120")));
   if (scenario == "join") return join(std::stod(arg(1, "2")));
   if (scenario == "sigint") return sigint();
   if (scenario == "bench")
     return bench(std::stoll(arg(1, "1024")), std::stoi(arg(2, "4")), std::stoi(arg(3, "20")), std::stoll(arg(4, "64")));
   throw Error("dist_worker: unknown scenario '" + scenario +
-              "'; use collectives, ddp, accumulate, step_each_bucket, unused, compress, mismatch, die [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps [batch]]]]; add --nccl for GPUs");
+              "'; use collectives, ddp, accumulate, step_each_bucket, unused, compress, mismatch, die [rank [timeout_s]], leave [rank [timeout_s]], join [timeout_s], sigint, bench [hidden [layers [steps [batch]]]]; add --nccl for GPUs");
 }
 
 }  // namespace

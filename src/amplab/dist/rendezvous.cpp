@@ -150,6 +150,18 @@ std::vector<int> Heartbeat::silent(const std::vector<int>& ranks, std::chrono::m
   return out;
 }
 
+std::vector<int> Heartbeat::departed(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back("amplab/alive/" + std::to_string(r));
+  std::vector<int> out;
+  if (keys.empty() || !reader_->check(keys)) return out;
+  std::vector<std::vector<uint8_t>> values = reader_->multiGet(keys);
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (values[i] == to_bytes("left")) out.push_back(ranks[i]);
+  return out;
+}
+
 std::chrono::milliseconds dead_after(std::chrono::milliseconds normal) {
   return interrupt_requested() ? std::min<std::chrono::milliseconds>(normal, std::chrono::seconds(2)) : normal;
 }
@@ -173,8 +185,19 @@ void StoreExchange::throw_store_error(const std::string& what, const std::except
   throw Error(what + ": rendezvous store error on rank " + std::to_string(world_.rank) + ": " + first_line(e));
 }
 
+std::vector<int> StoreExchange::departed_without_posting(const std::vector<std::string>& keys,
+                                                         const std::vector<int>& ranks, const std::vector<int>& missing) {
+  std::vector<int> out;
+  for (int r : heartbeat_->departed(missing)) {
+    // Looked at again: the key may have come between the first look and the departure.
+    const auto at = std::find(ranks.begin(), ranks.end(), r) - ranks.begin();
+    if (!store_->check({keys[at]})) out.push_back(r);
+  }
+  return out;
+}
+
 void StoreExchange::wait_for(const std::string& what, const std::vector<std::string>& keys,
-                             const std::vector<int>& ranks, const std::string& hint) {
+                             const std::vector<int>& ranks, const std::string& hint, bool posted_before_leaving) {
   if (keys.empty()) return;
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout_;
@@ -203,12 +226,17 @@ void StoreExchange::wait_for(const std::string& what, const std::vector<std::str
       }
     }
     if (heartbeat_) {
-      std::vector<int> dead;
+      std::vector<int> dead, gone;
       try {
         dead = heartbeat_->silent(missing, dead_after(dead_after_));
+        if (posted_before_leaving) gone = departed_without_posting(keys, ranks, missing);
       } catch (const std::exception& e) {
         throw_store_error(what, e);
       }
+      if (!gone.empty())
+        throw PeerLost(what + ": " + format_ranks(gone) + " left the process group without taking part (it ended or " +
+                       "stopped before this collective; see its output): rank " + std::to_string(world_.rank) +
+                       " stops too");
       if (!dead.empty())
         throw PeerLost(what + ": " + format_ranks(dead) + " stopped responding (no sign of life for " +
                        format_seconds(dead_after(dead_after_)) + "; it probably died, see its output): rank " +
@@ -306,7 +334,7 @@ void StoreExchange::leave(bool wait) {
     keys.push_back(leave_prefix + std::to_string(r));
     ranks.push_back(r);
   }
-  wait_for("leaving the process group", keys, ranks, kCollectiveHint);
+  wait_for("leaving the process group", keys, ranks, kCollectiveHint, /*posted_before_leaving=*/false);
 }
 
 int64_t StoreExchange::key_count() { return store_->getNumKeys(); }

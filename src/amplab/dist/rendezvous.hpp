@@ -40,6 +40,8 @@ class Heartbeat {
   // since it first looked at them (so no clocks need to agree). Thread-safe.
   // Ranks that left cleanly (leave()) are never silent.
   std::vector<int> silent(const std::vector<int>& ranks, std::chrono::milliseconds stale_after);
+  // Ranks among `ranks` that left on purpose (leave()). Thread-safe.
+  std::vector<int> departed(const std::vector<int>& ranks);
   // Stops beating and tells the others this rank is leaving on purpose. Idempotent.
   void leave();
   static constexpr std::chrono::milliseconds kPeriod{500};
@@ -101,8 +103,13 @@ class StoreExchange {
 
  private:
   // Waits until `keys` (posted by `ranks`) exist; on timeout names the ranks whose keys are missing.
+  // With `posted_before_leaving`, a rank that left (Heartbeat::departed) without posting its key
+  // never will (a rank leaves after its last collective): the wait fails at once, naming it.
   void wait_for(const std::string& what, const std::vector<std::string>& keys, const std::vector<int>& ranks,
-                const std::string& hint);
+                const std::string& hint, bool posted_before_leaving = true);
+  // The ranks among `missing` (whose `keys` were absent) that left and still have not posted.
+  std::vector<int> departed_without_posting(const std::vector<std::string>& keys, const std::vector<int>& ranks,
+                                            const std::vector<int>& missing);
   [[noreturn]] void throw_store_error(const std::string& what, const std::exception& e);
 
   c10::intrusive_ptr<c10d::Store> store_;
