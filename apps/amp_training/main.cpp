@@ -22,6 +22,7 @@
 #include "amplab/measure/peak.hpp"
 #include "amplab/measure/timing.hpp"
 #include "deep_narrow.hpp"
+#include "dtype_census.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
@@ -213,6 +214,29 @@ void record_underflow(AmpLab& lab, uint64_t seed) {
                         "first;\nbf16 has fp32's exponent range and needs no scaling.\n");
 }
 
+// The dtype census: each tensor of one small step under autocast, in each mixed precision the
+// device runs ("-" where it does not).
+void record_dtype_census(AmpLab& lab) {
+  lab.phase("dtypes");
+  const Precision precisions[] = {Precision::fp16_mixed, Precision::bf16_mixed};
+  std::vector<std::vector<amp_training::CensusEntry>> columns;
+  for (Precision p : precisions)
+    columns.push_back(amplab::is_supported(p, lab.device) ? amp_training::autocast_dtype_census(lab.device, p)
+                                                          : std::vector<amp_training::CensusEntry>{});
+  auto& table = lab.results.table("autocast_dtypes", {{"tensor", "tensor"}, {"fp16_mixed", "fp16-mixed"},
+                                                      {"bf16_mixed", "bf16-mixed"}});
+  const auto& names = columns[0].empty() ? columns[1] : columns[0];
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto dtype = [&](size_t c) { return columns[c].empty() ? json() : json(amp_training::dtype_name(columns[c][i].dtype)); };
+    table.add({names[i].tensor, dtype(0), dtype(1)});
+  }
+  lab.results.print("autocast_dtypes",
+                    "The dtype census: Linear(16, 10) -> ReLU -> LayerNorm -> Linear(10, 4), cross-entropy, on " +
+                        amplab::describe(lab.device),
+                    "forward and loss under autocast, backward outside it (as your train_step); '-': the precision "
+                    "does not run on this device\n");
+}
+
 // The loss scale through a few steps with injected overflows, driven by your train_step. On the
 // CPU, fp32 with the scaler forced on behaves as fp16's does.
 void record_overflow_trace(AmpLab& lab, uint64_t seed) {
@@ -291,6 +315,7 @@ int main(int argc, char** argv) {
           record_scaler_cost(lab, rows);
         });
     // 3. Why fp16 needs loss scaling. 4. The scaler through an overflow, driven by your train_step.
+    if (amp.dtypes) record_dtype_census(lab);
     if (amp.underflow.enabled) record_underflow(lab, seed);
     if (amp.overflow.enabled) record_overflow_trace(lab, seed);
     lab.results.set("device", amplab::describe(lab.device));

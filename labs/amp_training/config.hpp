@@ -77,7 +77,7 @@ struct OverflowConfig {
 struct AmpLabConfig {
   std::vector<std::string> precisions = {"fp32", "tf32", "fp16-mixed", "bf16-mixed"};
   std::vector<std::string> models = {"mlp", "cnn"};
-  bool scaler_cost = true, plots = true;
+  bool scaler_cost = true, plots = true, dtypes = true;
   MlpConfig mlp;
   CnnConfig cnn;
   BenchConfig bench;
@@ -88,6 +88,7 @@ struct AmpLabConfig {
     v.field("models", models, "models to train", {"mlp", "cnn"});
     v.field("scaler_cost", scaler_cost, "also time fp16-mixed without the GradScaler: the difference is its cost");
     v.field("plots", plots, "write precision.png (needs matplotlib)");
+    v.field("dtypes", dtypes, "the dtype census: the dtype of each tensor of a small step under autocast, per precision");
     v.section("mlp", mlp);
     v.section("cnn", cnn);
     v.section("bench", bench);

@@ -270,6 +270,42 @@ TEST(Resume, CheckpointsBelongToTheRunThatWroteThem) {
   EXPECT_NO_THROW(read_checkpoint_info(printed)) << printed;
 }
 
+// The AMP lab's dtype census, as a student reads it in summary.json: every tensor of the small
+// step in the dtype PyTorch's own autocast gives it (tests/fixtures/autocast_census_golden.json,
+// made by make_autocast_census_golden.py on the CPU and on CUDA), on the device this machine has.
+void expect_census_as_pytorchs(const std::string& device) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run({lab_binary("amp_training"), "--set", "run.device=" + device, "--set", "amp.models=[]", "--set",
+                       "amp.underflow.enabled=false", "--set", "amp.overflow.enabled=false", "--set", "amp.plots=false",
+                       "--set", "run.out_dir=" + dir.file("runs")},
+                      &out),
+            0)
+      << out;
+  const auto run = std::filesystem::directory_iterator(dir.file("runs/amp_training"))->path();
+  const auto census = nlohmann::json::parse(read_file((run / "summary.json").string())).at("autocast_dtypes");
+  const auto golden = test::load_fixture("autocast_census_golden.json").at(device);
+  for (const auto& [column, precision] : {std::pair{"fp16_mixed", "fp16-mixed"}, {"bf16_mixed", "bf16-mixed"}}) {
+    if (!golden.contains(precision)) {  // fp16-mixed does not run on the CPU: no dtypes, not wrong ones
+      for (const auto& row : census) EXPECT_TRUE(row.at(column).is_null()) << row;
+      continue;
+    }
+    const auto& expected = golden.at(precision);
+    ASSERT_EQ(census.size(), expected.size()) << census;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(census[i].at("tensor"), expected[i][0]);
+      EXPECT_EQ(census[i].at(column), expected[i][1]) << precision << ", " << expected[i][0];
+    }
+  }
+}
+
+TEST(LabOutputs, TheAmpLabsDtypeCensusIsPyTorchsAutocastOnTheCpu) { expect_census_as_pytorchs("cpu"); }
+
+TEST(LabOutputs, TheAmpLabsDtypeCensusIsPyTorchsAutocastOnTheGpu_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  expect_census_as_pytorchs("cuda");
+}
+
 TEST(BadInput, ARunThatCannotTrainIsRefusedInOneLine) {
   test::TempDir dir;
   write_tiny_dataset(dir);
