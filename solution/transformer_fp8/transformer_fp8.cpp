@@ -119,18 +119,23 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
   // END SOLUTION
 }
 
-// TODO(transformer_fp8-4): backward. With g = dL/dy (N, out) cast to e5m2 at its own dynamic
-// scale (amax_for_cast -> scale_from_amax -> cast_to_fp8_with_transpose: gradients need e5m2's
-// range more than e4m3's precision):
-//   dL/dx = g w       (N, out) x (out, in), in x's dtype
-//   dL/dw = g^T x     (out, N) x (N, in), in fp32, then the weight's dtype
-// Each on _scaled_mm: the first operand row-major (g, or g^T's own row-major copy), the second
-// column-major: the .t() of a row-major transpose saved in forward. Return one gradient per
-// forward input: {dx, dw, undefined, undefined} (the scales get none).
+// TODO(transformer_fp8-4): backward. Given g = dL/dy (N, out), return dL/dx (N, in) in x's dtype
+// and dL/dw (out, in), accumulated in fp32 and then in the weight's dtype. Derive both first
+// (README, "The linear's backward, derived"): write y = x w^T element by element, apply the chain
+// rule, and read each sum as a matmul of two of g, x and w. The shapes leave one way to write
+// each. Then run both matmuls on _scaled_mm, with g cast to e5m2 at its own dynamic scale
+// (amax_for_cast -> scale_from_amax -> cast_to_fp8_with_transpose: gradients need e5m2's range
+// more than e4m3's precision). _scaled_mm takes its first operand row-major and its second
+// column-major, which is the .t() of a row-major tensor. Pick, for each operand, the layout that
+// forward saved or the one the gradient's cast made. Return one gradient per forward input:
+// {dx, dw, undefined, undefined} (the scales get none).
 // Pitfalls: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is. Compute only the
 // gradients autograd asks for (ctx->needs_input_grad(i), an undefined tensor for the others): a
 // network's first layer gets an input that needs no gradient, and its dL/dx would cost a whole
-// matmul, as much as each of the others (torch's own linear skips it too).
+// matmul, as much as each of the others (torch's own linear skips it too). A gradient with its
+// rows and columns swapped has the right numbers in the wrong places; where in == out, its shape
+// hides that. The tests compare both gradients with autograd's through x w^T, for a weight that is
+// not square.
 torch::autograd::tensor_list Fp8LinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                          torch::autograd::tensor_list grad_outputs) {
   // BEGIN SOLUTION
