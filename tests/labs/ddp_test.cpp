@@ -27,6 +27,7 @@
 #include "amplab/infra/files.hpp"  // crc32_of, hex32
 #include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
+#include "forwarding_communicator.hpp"
 #include "idx_files.hpp"
 #include "mechanisms.hpp"
 #include "process.hpp"
@@ -229,13 +230,9 @@ int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
 }
 
 // A communicator that records the collectives of the version under test and passes them on.
-class Recorder final : public dist::Communicator {
+class Recorder final : public test::ForwardingCommunicator {
  public:
-  Recorder(std::shared_ptr<dist::Communicator> inner, EventLog& log) : inner_(std::move(inner)), log_(log) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend() const override { return inner_->backend(); }
-  torch::Device device() const override { return inner_->device(); }
+  Recorder(std::shared_ptr<dist::Communicator> inner, EventLog& log) : ForwardingCommunicator(std::move(inner)), log_(log) {}
   std::shared_ptr<dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
     log_.add("all-reduce " + std::to_string(bytes_of(tensors)));
     return inner_->all_reduce_sum(std::move(tensors));
@@ -243,10 +240,6 @@ class Recorder final : public dist::Communicator {
   std::shared_ptr<dist::Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
     log_.add("all-reduce " + std::to_string(bytes_of(tensors)));
     return inner_->all_reduce_mean(std::move(tensors));
-  }
-  std::shared_ptr<dist::Work> then_copy(std::shared_ptr<dist::Work> work, std::vector<torch::Tensor> from,
-                                        std::vector<torch::Tensor> to) override {
-    return inner_->then_copy(std::move(work), std::move(from), std::move(to));
   }
   std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
     log_.add("reduce-scatter " + std::to_string(input.nbytes()));
@@ -260,11 +253,8 @@ class Recorder final : public dist::Communicator {
     log_.add("broadcast");
     inner_->broadcast(std::move(tensors), root);
   }
-  std::vector<std::string> all_gather_bytes(const std::string& mine) override { return inner_->all_gather_bytes(mine); }
-  void barrier() override { inner_->barrier(); }
 
  private:
-  std::shared_ptr<dist::Communicator> inner_;
   EventLog& log_;
 };
 

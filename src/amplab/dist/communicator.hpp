@@ -48,6 +48,9 @@ class Communicator {
   // Where the tensors passed to collectives must live: cuda:LOCAL_RANK for nccl, else cpu.
   virtual torch::Device device() const = 0;
 
+  // Every collective keeps its tensors alive until it has completed: a caller may drop its own
+  // references to an input once the call returns (the memory is reused only after the collective).
+  //
   // Sums each tensor in place across ranks, asynchronously: call wait() on the result before
   // reading the tensors, and do not write to them before that.
   virtual std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) = 0;
