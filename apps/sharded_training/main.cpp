@@ -1,7 +1,7 @@
 // Lab 8, sharded data parallelism: the same MLP trained on the same data, first as DDP (the
 // gradients all-reduced, every rank stepping the whole model with torch's AdamW), then with your
-// ZeRO-1 (labs/sharded_training/sharded_training.hpp): the optimizer state each rank holds, against your estimate, the
-// step time, and the losses of the two side by side. Launch with our launcher or torchrun:
+// ZeRO-1 and your ZeRO-2 (labs/sharded_training/sharded_training.hpp): the optimizer state and the
+// gradients each rank holds, against your estimate, the step time, and the losses side by side. Launch with our launcher or torchrun:
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
 #include <torch/torch.h>
@@ -121,15 +121,34 @@ StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, t
   return run;
 }
 
+zero_lab::AdamWOptions adamw_options(const ZeroConfig& config) {
+  zero_lab::AdamWOptions options;
+  options.lr = config.train.lr;
+  options.weight_decay = config.train.weight_decay;
+  return options;
+}
+
 // ZeRO-1: your ShardedAdamW.
 StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
   auto mlp = make_mlp(config, device);
-  zero_lab::AdamWOptions options;
-  options.lr = config.train.lr;
-  options.weight_decay = config.train.weight_decay;
-  zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, options);
+  zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, adamw_options(config));
+  StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  run.state_bytes = adamw.state_bytes();
+  measure_memory(run, device, start);
+  return run;
+}
+
+// ZeRO-2: your ShardedGradientsAdamW, one bucket per Linear layer (its weight and bias).
+StageRun train_zero2(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
+  amplab::reset_peak_memory(device);
+  const amplab::MemoryReading start = amplab::read_memory(device);
+  auto mlp = make_mlp(config, device);
+  std::vector<std::vector<torch::Tensor>> buckets;
+  for (const auto& layer : mlp->children())
+    if (auto params = layer->parameters(); !params.empty()) buckets.push_back(params);
+  zero_lab::ShardedGradientsAdamW adamw(buckets, comm, adamw_options(config));
   StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
   measure_memory(run, device, start);
@@ -152,6 +171,8 @@ int run_rank(ZeroLab& lab) {
   const StageRun ddp = train_ddp(config, *comm, lab.device);
   lab.phase("zero-1");
   const StageRun zero1 = train_zero1(config, comm, lab.device);
+  lab.phase("zero-2");
+  const StageRun zero2 = train_zero2(config, comm, lab.device);
   lab.phase("");
 
   auto& stages = lab.results.table(
@@ -159,19 +180,20 @@ int run_rank(ZeroLab& lab) {
                  {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
                  {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
                  {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
-  const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}};
-  for (int stage = 0; stage < 2; ++stage) {
+  const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}, {"zero-2", &zero2}};
+  for (int stage = 0; stage < 3; ++stage) {
     const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
     const StageRun& r = *rows[stage].second;
     stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
                 r.step_ms, r.losses.back()});
   }
   auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
-                                              {"zero_1", "zero-1", decimals(6)}});
+                                              {"zero_1", "zero-1", decimals(6)}, {"zero_2", "zero-2", decimals(6)}});
   double largest = 0;
   for (size_t s = 0; s < ddp.losses.size(); ++s) {
-    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s]});
-    largest = std::max(largest, std::abs(ddp.losses[s] - zero1.losses[s]) / std::max(std::abs(ddp.losses[s]), 1e-12));
+    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s], zero2.losses[s]});
+    for (const StageRun* sharded : {&zero1, &zero2})
+      largest = std::max(largest, std::abs(ddp.losses[s] - sharded->losses[s]) / std::max(std::abs(ddp.losses[s]), 1e-12));
   }
   const bool same = largest <= 1e-4;
   lab.results.set("world_size", world);
@@ -181,15 +203,15 @@ int run_rank(ZeroLab& lab) {
   lab.results.set("losses_match", same);
   comm->shutdown();
   if (!lab.world.is_main()) return same ? amplab::kExitOk : amplab::kExitFailure;
-  lab.results.print("stages", "DDP and ZeRO-1 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
+  lab.results.print("stages", "DDP, ZeRO-1 and ZeRO-2 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
                                   std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
                                   "), " + std::to_string(num_params) + " parameters",
                     "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
-                    "optimizer_state (fp32, stage 0 for ddp) and its total; held: what the CUDA allocator holds for the "
+                    "optimizer_state (fp32, stage 0 for ddp, 1 and 2 for zero-1 and zero-2) and its total; held: what the CUDA allocator holds for the "
                     "stage after training (model, gradients, optimizer), peak: its "
                     "largest while training (activations too), both '-' on the CPU; ms/step: median after " +
                     std::to_string(config.train.warmup) + " steps\n");
-  std::cout << "losses of ZeRO-1 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
+  std::cout << "losses of ZeRO-1, ZeRO-2 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
             << amplab::fixed(largest, 9) << " over " << ddp.losses.size() << " steps)\n";
   return same ? amplab::kExitOk : amplab::kExitFailure;
 }

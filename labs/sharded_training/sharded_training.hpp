@@ -1,4 +1,5 @@
-// Lab 8: sharded data parallelism, ZeRO stage 1 (labs/sharded_training/README.md has the theory).
+// Lab 8: sharded data parallelism, ZeRO stages 1 and 2 (labs/sharded_training/README.md has the
+// theory).
 //
 // DDP (lab 5) keeps the whole model, its whole gradient and the whole optimizer state on every
 // rank: W copies of everything. ZeRO-1 keeps one copy of the optimizer state, cut in W pieces:
@@ -11,15 +12,24 @@
 // its own shard of the parameters, and an all-gather brings every rank the others' updated shards.
 // Every rank ends the step with the same parameters, as under DDP, having held 1/W of the state.
 //
-//   flat_layout      where each parameter sits and how the buffer is cut            (TODO sharded_training-1)
-//   ShardedAdamW     the sharded step: reduce-scatter, AdamW on a shard, all-gather (TODO sharded_training-2)
-//   estimate_memory  bytes per rank of each part of the training state, per stage   (TODO sharded_training-3)
+// ZeRO-2 shards the gradients too. The parameters come in buckets (one per layer, say), each
+// with a flat buffer of its own cut in W shards as above. When backward has produced the last
+// gradient of a bucket, the bucket's gradients are reduce-scattered at once, while backward goes
+// on with the layers before it (lab 5's overlap), and the whole gradients are freed: between two
+// steps a rank holds only its shard of each bucket's gradient.
+//
+//   flat_layout           where each parameter sits and how the buffer is cut      (TODO sharded_training-1)
+//   adamw_shard_step      AdamW on one shard                                       (TODO sharded_training-2)
+//   ShardedAdamW          ZeRO-1's step: reduce-scatter, AdamW on a shard, all-gather (TODO sharded_training-2)
+//   estimate_memory       bytes per rank of each part of the training state        (TODO sharded_training-3)
+//   ShardedGradientsAdamW ZeRO-2: each bucket reduce-scattered as backward finishes it (TODO sharded_training-4)
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "amplab/dist/communicator.hpp"
@@ -44,6 +54,12 @@ FlatLayout flat_layout(const std::vector<torch::Tensor>& params, int world_size)
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
+
+// TODO(sharded_training-2): one AdamW step (torch.optim.AdamW's, decoupled weight decay) of one
+// shard, in place: `param_shard` and the moments `exp_avg`, `exp_avg_sq` are updated with
+// `grad_shard`; `step` counts the steps taken including this one (1 at the first).
+void adamw_shard_step(torch::Tensor& param_shard, const torch::Tensor& grad_shard, torch::Tensor& exp_avg,
+                      torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& options);
 
 // AdamW over parameters sharded ZeRO-1's way. The constructor (given: labs/sharded_training/given/) moves the
 // parameters into one flat fp32 buffer laid out by flat_layout: each parameter and its .grad
@@ -79,6 +95,56 @@ class ShardedAdamW {
   torch::Tensor grad_shard_;                // this rank's shard of flat_grads_ (a view): its averaged gradient
   torch::Tensor exp_avg_, exp_avg_sq_;      // shard_numel elements each: AdamW's moments
   int64_t steps_ = 0;                       // steps taken (AdamW's bias correction counts them)
+};
+
+// AdamW over parameters and gradients sharded ZeRO-2's way, bucket by bucket. The constructor
+// (given: labs/sharded_training/given/) lays each bucket out with flat_layout: its parameters
+// become views of the bucket's flat_params, and each gets a hook that calls gradient_ready(b)
+// once autograd has accumulated its gradient into .grad. It allocates this rank's shard of each
+// bucket's gradient and moments. The hooks run on autograd's thread while backward goes on.
+// Rules: every rank passes the same buckets with the same values; backward must finish the
+// buckets in the same order on every rank (it does for one model), since their reduce-scatters
+// are issued in that order; every parameter gets a gradient in every backward.
+class ShardedGradientsAdamW {
+ public:
+  struct Bucket {
+    std::vector<torch::Tensor> params;
+    FlatLayout layout;
+    torch::Tensor flat_params;             // padded_numel() elements: the parameters are views of it
+    torch::Tensor grad_shard;              // shard_numel elements: the mean gradient of this rank's shard
+    torch::Tensor exp_avg, exp_avg_sq;     // shard_numel elements each: AdamW's moments
+    size_t pending = 0;                    // gradients of this backward still to come
+    std::shared_ptr<amplab::dist::Work> reduce_scatter;  // the bucket's reduce-scatter in flight, or null
+  };
+
+  ShardedGradientsAdamW(std::vector<std::vector<torch::Tensor>> buckets,
+                        std::shared_ptr<amplab::dist::Communicator> comm, AdamWOptions options);
+  ~ShardedGradientsAdamW();  // removes the hooks
+  ShardedGradientsAdamW(const ShardedGradientsAdamW&) = delete;
+  ShardedGradientsAdamW& operator=(const ShardedGradientsAdamW&) = delete;
+
+  // TODO(sharded_training-4): called by parameter p's hook once backward has accumulated p's
+  // gradient into p.grad(); p is one of bucket `bucket`'s parameters. When it is the bucket's
+  // last, starts the bucket's reduce-scatter and frees the bucket's whole gradients.
+  void gradient_ready(size_t bucket);
+  // TODO(sharded_training-4): after backward: every bucket's averaged gradient shard, AdamW on
+  // this rank's shard of each bucket, and every rank gets every bucket's updated parameters.
+  void step();
+
+  // Given: a new backward starts (the gradients were freed by the last one's reduce-scatters).
+  void zero_grad();
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  int64_t steps() const { return steps_; }
+  // What this rank holds between steps, in bytes: the moments, and the gradient shards.
+  int64_t state_bytes() const;
+  int64_t gradient_bytes() const;
+
+ private:
+  std::vector<Bucket> buckets_;
+  std::shared_ptr<amplab::dist::Communicator> comm_;
+  AdamWOptions options_;
+  std::mutex mutex_;   // gradient_ready may run on autograd's threads (one per device)
+  int64_t steps_ = 0;  // steps taken (AdamW's bias correction counts them)
 };
 
 // Bytes one rank holds of each part of the training state of a model of `num_params`

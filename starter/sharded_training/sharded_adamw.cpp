@@ -1,33 +1,74 @@
 // Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
 // fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
-// Lab 8: ZeRO-1's step. See labs/sharded_training/README.md, "The sharded step".
+// Lab 8: the sharded steps of ZeRO-1 and ZeRO-2. See labs/sharded_training/README.md, "The sharded
+// step" and "ZeRO-2: gradients sharded as backward makes them".
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
 
+#include "amplab/infra/error.hpp"
 #include "sharded_training.hpp"
 
 namespace zero_lab {
+
+// TODO(sharded_training-2): AdamW on one shard, in place, as torch.optim.AdamW does it (decoupled
+// weight decay), with g = grad_shard, m = exp_avg, v = exp_avg_sq, t = step:
+//   p <- p * (1 - lr * weight_decay)
+//   m <- beta1 * m + (1 - beta1) * g          v <- beta2 * v + (1 - beta2) * g * g
+//   p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// Pitfalls: every update must write into the tensors themselves (in-place ops: mul_, add_,
+// addcmul_, addcdiv_), since param_shard is a view of the flat parameters; t starts at 1, and
+// t = 0 divides by zero; no autograd history while the step writes into parameters.
+void adamw_shard_step(torch::Tensor& param_shard, const torch::Tensor& grad_shard, torch::Tensor& exp_avg,
+                      torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& options) {
+  AMPLAB_TODO("sharded_training-2");
+}
 
 // TODO(sharded_training-2): one step of AdamW on this rank's shard, ZeRO-1's way. Backward has left every
 // rank's own gradients in flat_grads_ (the .grad views). Three moves:
 //  1. reduce-scatter flat_grads_ into grad_shard_, averaged over the ranks: rank r receives the
 //     mean of every rank's elements [r * shard_numel, (r + 1) * shard_numel) (grad_shard_ is that
 //     slice of flat_grads_ itself: the Communicator reduce-scatters in place);
-//  2. AdamW (decoupled weight decay, as torch.optim.AdamW) on this rank's shard of flat_params_,
-//     with moments exp_avg_ and exp_avg_sq_ and step count steps_ (1 at the first step):
-//       p <- p * (1 - lr * weight_decay)
-//       m <- beta1 * m + (1 - beta1) * g          v <- beta2 * v + (1 - beta2) * g * g
-//       p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+//  2. adamw_shard_step on this rank's shard of flat_params_, with moments exp_avg_ and
+//     exp_avg_sq_ and step count steps_ (1 at the first step);
 //  3. all-gather the shards so that every rank's flat_params_ (and so every parameter, a view
 //     of it) holds every rank's updated shard.
 // The collectives are asynchronous (wait() on what they return before reading their output).
 // Pitfalls: a sum over W ranks is W times the mean, and Adam hides the factor in the update (m /
 // sqrt(v) does not change when g is scaled) but the gradient itself is wrong (clipping, logging
 // and eps see it); a shard that starts at rank * shard_numel must be a view of flat_params_ (a
-// copy is updated and then lost); no autograd history while the step writes into parameters.
+// copy is updated and then lost).
 void ShardedAdamW::step() {
   AMPLAB_TODO("sharded_training-2");
+}
+
+// TODO(sharded_training-4): a gradient of bucket `bucket` is ready. Count it; when it is the
+// bucket's last (pending reaches 0):
+//  1. lay the bucket's gradients out as its parameters are laid out in flat_params (a new
+//     buffer of layout.padded_numel() elements, the padding zero), and free each parameter's
+//     .grad (p.mutable_grad().reset()): between steps a rank keeps only grad_shard;
+//  2. start the reduce-scatter (the mean over the ranks) of that buffer into the bucket's
+//     grad_shard, and keep its Work in the bucket: step() waits for it.
+// Do not wait here: backward is still running on this thread, and the point is that the
+// collective travels while backward computes the layers before this one. The Communicator keeps
+// the buffer alive until the collective is done, so it may go out of scope here.
+// Pitfalls: the hooks may run on autograd's threads, so take mutex_; pending counts down from
+// the bucket's number of parameters and must be reset for the next backward; .grad of a
+// parameter is the tensor autograd accumulated into, not a view of anything of yours.
+void ShardedGradientsAdamW::gradient_ready(size_t bucket) {
+  AMPLAB_TODO("sharded_training-4");
+}
+
+// TODO(sharded_training-4): the step after backward. For each bucket: wait for its
+// reduce-scatter (a bucket without one had a parameter that got no gradient: an amplab::Error
+// naming the bucket), then adamw_shard_step on this rank's shard of its flat_params, with its
+// grad_shard and moments, and all-gather the bucket's shards into its flat_params. Then every
+// bucket is ready for the next backward (pending back to its number of parameters, no Work).
+// One step count for all buckets.
+// Pitfalls: the same as ShardedAdamW::step's; and a bucket's shard is rank * its own shard_numel
+// into its own flat_params: each bucket is cut on its own.
+void ShardedGradientsAdamW::step() {
+  AMPLAB_TODO("sharded_training-4");
 }
 
 }  // namespace zero_lab

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <mutex>
 
+#include "forwarding_communicator.hpp"
 #include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
 #include "sharded_training.hpp"
@@ -208,6 +210,154 @@ TEST(ShardedTraining2_Step_Alone, OneRankIsTorchsAdamW) {
   }
   EXPECT_TRUE(test::tensors_close(flat_values(params), torch_adamw(1, 4).first, 1e-5, 1e-6))
       << "after 4 steps alone, the parameters are not torch's AdamW's";
+  EXPECT_EQ(adamw.steps(), 4);
+}
+
+// ---------------------------------------------------------------- TODO(sharded_training-4): ZeRO-2
+
+// The test network's parameters in two buckets, one per layer (57 = 36 + 21 elements: no world
+// size of 2 or 4 divides the second).
+std::vector<std::vector<torch::Tensor>> two_buckets(const std::vector<torch::Tensor>& params) {
+  return {{params[0], params[1]}, {params[2], params[3]}};
+}
+
+// Counts the collectives issued; `during_backward` what was issued while a backward ran.
+class CountingCommunicator final : public test::ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
+    reduce_scatters.push_back(input.numel());
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    ++all_gathers;
+    return inner_->all_gather(std::move(output), std::move(input));
+  }
+  std::vector<int64_t> reduce_scatters;  // each one's input elements, in the order issued
+  int all_gathers = 0;
+};
+
+// What a rank saw in its last ZeRO-2 step: its parameters, each bucket's gradient shard, and
+// whether any parameter still held a whole gradient after backward.
+struct Zero2End {
+  torch::Tensor params;
+  std::vector<torch::Tensor> grad_shards;
+  int64_t gradient_bytes_after_backward = -1, shard_bytes = 0;
+  std::vector<int64_t> reduce_scatters_during_backward;
+  int all_gathers_during_backward = -1;
+};
+
+std::vector<Zero2End> zero2_ends(int world_size, int steps) {
+  std::mutex mutex;
+  std::vector<Zero2End> ends(world_size);
+  auto errors = run_ranks(world_size, [&](std::shared_ptr<dist::Communicator> inner) {
+    auto comm = std::make_shared<CountingCommunicator>(inner);
+    auto params = fresh_parameters();
+    zero_lab::ShardedGradientsAdamW adamw(two_buckets(params), comm, adamw_options());
+    Zero2End end;
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = global_batch(world_size, s);
+      adamw.zero_grad();
+      comm->reduce_scatters.clear();
+      comm->all_gathers = 0;
+      loss_of(params, x.narrow(0, 4 * comm->rank(), 4), y.narrow(0, 4 * comm->rank(), 4)).backward();
+      end.reduce_scatters_during_backward = comm->reduce_scatters;
+      end.all_gathers_during_backward = comm->all_gathers;
+      end.gradient_bytes_after_backward = adamw.gradient_bytes();
+      adamw.step();
+    }
+    end.params = flat_values(params).clone();
+    for (const auto& b : adamw.buckets()) {
+      end.grad_shards.push_back(b.grad_shard.clone());
+      end.shard_bytes += b.grad_shard.nbytes();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    ends[comm->rank()] = end;
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return ends;
+}
+
+class ShardedTraining4_Zero2 : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedTraining4_Zero2, EveryRankEndsWithTorchsAdamWOnTheWholeBatch) {
+  const int world_size = GetParam();
+  const auto expected = torch_adamw(world_size, 3).first;
+  const auto ends = zero2_ends(world_size, 3);
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_TRUE(ends[r].params.defined()) << "rank " << r << " did not finish";
+    EXPECT_TRUE(test::tensors_close(ends[r].params, expected, 1e-5, 1e-6))
+        << "rank " << r << ": after 3 ZeRO-2 steps the parameters are not torch's AdamW's on the whole batch";
+  }
+}
+
+// Between steps a rank keeps only its shard of each bucket's averaged gradient: the whole
+// gradients are freed as their bucket's reduce-scatter starts.
+TEST_P(ShardedTraining4_Zero2, EachRankKeepsOnlyItsShardOfTheMeanGradient) {
+  const int world_size = GetParam();
+  const auto whole = torch_adamw(world_size, 1).second;  // the whole batch's gradient, flat (57)
+  const auto ends = zero2_ends(world_size, 1);
+  const std::pair<int64_t, int64_t> buckets[] = {{0, 36}, {36, 21}};  // each bucket's elements in `whole`
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_EQ(ends[r].grad_shards.size(), 2u) << "rank " << r << " did not finish";
+    EXPECT_EQ(ends[r].gradient_bytes_after_backward, ends[r].shard_bytes)
+        << "rank " << r << ": after backward the parameters still hold whole gradients (free each .grad once its "
+        << "bucket's reduce-scatter has started)";
+    for (int b = 0; b < 2; ++b) {
+      const int64_t shard = dist::shard_numel(buckets[b].second, world_size);
+      auto padded = torch::zeros({shard * world_size});
+      padded.narrow(0, 0, buckets[b].second).copy_(whole.narrow(0, buckets[b].first, buckets[b].second));
+      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[b], padded.narrow(0, r * shard, shard), 1e-5, 1e-7))
+          << "rank " << r << ", bucket " << b << ": the gradient shard is not the mean over the ranks of its chunk";
+    }
+  }
+}
+
+// The reduce-scatters travel while backward computes: both were issued before backward returned,
+// the last layer's bucket first (backward finishes it first), and no all-gather ran yet.
+TEST_P(ShardedTraining4_Zero2, EachBucketIsReduceScatteredDuringBackwardAsItFinishes) {
+  const int world_size = GetParam();
+  const auto ends = zero2_ends(world_size, 2);
+  const int64_t first = dist::shard_numel(21, world_size) * world_size, second = dist::shard_numel(36, world_size) * world_size;
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_EQ(ends[r].reduce_scatters_during_backward, (std::vector<int64_t>{first, second}))
+        << "rank " << r << ": the reduce-scatters issued while backward ran (input elements, in order): one per "
+        << "bucket, padded, as soon as its last gradient is ready";
+    EXPECT_EQ(ends[r].all_gathers_during_backward, 0) << "rank " << r << ": the all-gathers belong to step()";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining4_Zero2, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(ShardedTraining4_Zero2_Alone, AParameterWithoutAGradientIsAnErrorNamingItsBucket) {
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  auto params = fresh_parameters();
+  auto unused = torch::zeros({3}, torch::requires_grad());
+  zero_lab::ShardedGradientsAdamW adamw({{params[0], params[1]}, {params[2], params[3], unused}}, comm, adamw_options());
+  auto [x, y] = global_batch(1, 0);
+  adamw.zero_grad();
+  loss_of(params, x, y).backward();
+  try {
+    adamw.step();
+    FAIL() << "step() after a backward that left a parameter of bucket 1 without a gradient must throw";
+  } catch (const amplab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShardedTraining4_Zero2_Alone, OneRankIsTorchsAdamW) {
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  auto params = fresh_parameters();
+  zero_lab::ShardedGradientsAdamW adamw(two_buckets(params), comm, adamw_options());
+  for (int s = 0; s < 4; ++s) {
+    auto [x, y] = global_batch(1, s);
+    adamw.zero_grad();
+    loss_of(params, x, y).backward();
+    adamw.step();
+  }
+  EXPECT_TRUE(test::tensors_close(flat_values(params), torch_adamw(1, 4).first, 1e-5, 1e-6))
+      << "after 4 ZeRO-2 steps alone, the parameters are not torch's AdamW's";
   EXPECT_EQ(adamw.steps(), 4);
 }
 
