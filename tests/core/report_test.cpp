@@ -20,7 +20,7 @@ Answer from your run.
 1. **Where does the GPU overtake the CPU?**
    Look at the crossover.
    <!-- report: matmul.csv, matmul.png, summary:results.crossover_n -->
-2. **How large is the error of a host clock?**
+2. **How large is the error of a host clock?** Before you run, predict it.
    <!-- report: timing.txt, gpu_only.png, summary:results.missing -->
 
 ## After
@@ -57,6 +57,12 @@ TEST(Report, EachQuestionGetsItsArtifacts) {
   for (size_t at = text.find("**Your answer:**"); at != std::string::npos; at = text.find("**Your answer:**", at + 1))
     ++answers;
   EXPECT_EQ(answers, 2u);
+  // Only the question that asks for a prediction gets a place for it, before its measurements.
+  const size_t prediction = text.find("**Your prediction (from before the run):**");
+  ASSERT_NE(prediction, std::string::npos) << text;
+  EXPECT_EQ(text.find("**Your prediction", prediction + 1), std::string::npos) << "question 1 asks for none\n" << text;
+  EXPECT_GT(prediction, text.find("## 2. "));
+  EXPECT_LT(prediction, text.find("`timing.txt`:")) << "the prediction comes before the measurement";
   fs::remove_all(run);
 }
 

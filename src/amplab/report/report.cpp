@@ -124,6 +124,15 @@ std::string summary_value(const fs::path& run, const std::string& key) {
   return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
+// "Before you run", "predict", "prediction": the README asks for a guess before the measurement.
+bool asks_for_prediction(const Question& q) {
+  static const std::regex asks(R"(before you (run|trace)|predict)", std::regex::icase);
+  if (std::regex_search(q.title, asks)) return true;
+  for (const auto& line : q.lines)
+    if (std::regex_search(line, asks)) return true;
+  return false;
+}
+
 std::string artifact_text(const fs::path& run, const std::string& artifact) {
   if (artifact.rfind("summary:", 0) == 0) {
     const std::string key = artifact.substr(8);
@@ -163,6 +172,9 @@ std::string report_text(const std::string& readme_text, const std::string& lab, 
   for (const auto& q : questions) {
     out += "\n## " + q.title + "\n";
     for (const auto& line : q.lines) out += line + "\n";
+    // A question that asks for a prediction gets its place above the measurements, so that the
+    // report sets the two side by side.
+    if (asks_for_prediction(q)) out += "\n**Your prediction (from before the run):**\n\n";
     for (const auto& artifact : q.artifacts) out += "\n" + artifact_text(run, artifact);
     out += "\n**Your answer:**\n\n";
   }
