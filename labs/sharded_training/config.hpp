@@ -38,7 +38,7 @@ struct ZeroTrainConfig {
 
 struct ZeroConfig {
   amplab::RunConfig run;
-  amplab::dist::DistConfig dist;
+  amplab::dist::ProcessGroupConfig dist;
   ZeroModelConfig model;
   ZeroTrainConfig train;
 

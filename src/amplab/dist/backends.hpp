@@ -12,8 +12,8 @@ namespace amplab::dist::detail {
 // World size 1: collectives return at once (the data already is "the sum over all ranks").
 std::shared_ptr<Communicator> make_single_communicator(torch::Device device);
 // Store-based collectives on CPU tensors (cpu_communicator.cpp).
-std::shared_ptr<Communicator> make_cpu_communicator(const WorldInfo& world, const DistConfig& config);
+std::shared_ptr<Communicator> make_cpu_communicator(const WorldInfo& world, const ProcessGroupConfig& config);
 // ProcessGroupNCCL on cuda:LOCAL_RANK (nccl_communicator.cpp; only in builds with nccl.h).
-std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo& world, const DistConfig& config);
+std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo& world, const ProcessGroupConfig& config);
 
 }  // namespace amplab::dist::detail

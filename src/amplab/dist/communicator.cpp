@@ -75,7 +75,7 @@ std::shared_ptr<Communicator> make_single_communicator(torch::Device device) {
 }
 
 #ifndef AMPLAB_WITH_NCCL
-std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo&, const DistConfig&) {
+std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo&, const ProcessGroupConfig&) {
   throw Error("this build has no NCCL backend (nccl.h was not found when it was configured); "
               "use --set dist.backend=cpu, or rebuild where NCCL's headers are installed");
 }
@@ -119,7 +119,7 @@ int64_t shard_numel(int64_t numel, int world_size) {
   return (numel + world_size - 1) / world_size;
 }
 
-std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device) {
+std::string resolve_backend(const WorldInfo& world, const ProcessGroupConfig& config, torch::Device run_device) {
   if (!world.is_distributed()) return "single";
   switch (config.backend) {
     case Backend::automatic:
@@ -138,7 +138,7 @@ std::string resolve_backend(const WorldInfo& world, const DistConfig& config, to
   return "cpu";
 }
 
-std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const DistConfig& config,
+std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const ProcessGroupConfig& config,
                                                 torch::Device run_device) {
   std::string backend = resolve_backend(world, config, run_device);
   if (backend == "single") return detail::make_single_communicator(run_device);

@@ -7,7 +7,7 @@
 //   single  world size 1: every collective is a no-op, so code needs no special case.
 //
 // All ranks rendezvous at rank 0's TCPStore (MASTER_ADDR:MASTER_PORT). Nothing waits forever:
-// a rank that dies or never arrives makes the others fail within DistConfig::timeout_s with an
+// a rank that dies or never arrives makes the others fail within ProcessGroupConfig::timeout_s with an
 // amplab::Error naming the operation and the missing ranks.
 //
 // Rules for callers, as with torch.distributed: every rank makes the same collective calls in
@@ -104,12 +104,12 @@ class Communicator {
 
 // The backend that `config.backend` resolves to for a run on `run_device` ("single" when the
 // world has one process).
-std::string resolve_backend(const WorldInfo& world, const DistConfig& config, torch::Device run_device);
+std::string resolve_backend(const WorldInfo& world, const ProcessGroupConfig& config, torch::Device run_device);
 
 // Joins the process group described by `world`: rank 0 hosts the TCPStore, all ranks meet there
 // (an amplab::Error names the ranks that did not arrive within the timeout), then the backend
 // is set up. For nccl, the current CUDA device becomes cuda:LOCAL_RANK.
-std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const DistConfig& config,
+std::shared_ptr<Communicator> make_communicator(const WorldInfo& world, const ProcessGroupConfig& config,
                                                 torch::Device run_device);
 
 // The length of each rank's shard when `numel` elements are cut into `world_size` equal pieces:

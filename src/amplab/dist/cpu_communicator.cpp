@@ -53,7 +53,7 @@ torch::Tensor tensor_over(std::string& bytes, size_t offset, const torch::Tensor
 
 class CpuCommunicator final : public Communicator {
  public:
-  CpuCommunicator(const WorldInfo& world, const DistConfig& config)
+  CpuCommunicator(const WorldInfo& world, const ProcessGroupConfig& config)
       : world_(world), timeout_(to_timeout(config.timeout_s)) {
     store_ = connect_store(world_, timeout_);
     heartbeat_ = std::make_unique<Heartbeat>(store_, world_);
@@ -305,7 +305,7 @@ class CpuCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_cpu_communicator(const WorldInfo& world, const DistConfig& config) {
+std::shared_ptr<Communicator> make_cpu_communicator(const WorldInfo& world, const ProcessGroupConfig& config) {
   return std::make_shared<CpuCommunicator>(world, config);
 }
 

@@ -79,7 +79,7 @@ class WorkGroup final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const WorldInfo& world, const DistConfig& config)
+  NcclCommunicator(const WorldInfo& world, const ProcessGroupConfig& config)
       : world_(world),
         timeout_(to_timeout(config.timeout_s)),
         device_(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank)) {
@@ -326,7 +326,7 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo& world, const DistConfig& config) {
+std::shared_ptr<Communicator> make_nccl_communicator(const WorldInfo& world, const ProcessGroupConfig& config) {
   return std::make_shared<NcclCommunicator>(world, config);
 }
 

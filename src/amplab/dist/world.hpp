@@ -68,18 +68,13 @@ inline std::span<const std::pair<Compression, const char*>> enum_names(Compressi
 // Seconds a distributed wait may last: more than 0, at most a week.
 inline constexpr Range<double> kTimeoutRange{0.0, 7 * 24 * 3600.0, true};
 
-// Settings of distributed runs, under `dist:` in a lab's YAML. Ignored by single-process runs.
-struct DistConfig {
+// The process group's settings, under `dist:` in a lab's YAML: what every multi-process lab sets
+// (the collectives' backend, how long a rank waits, NCCL's stream). Ignored by single-process runs.
+struct ProcessGroupConfig {
   Backend backend = Backend::automatic;
   double timeout_s = 300;
   double heartbeat_timeout_s = 15;
-  double bucket_mb = 25;
-  bool overlap = true;
-  bool broadcast_buffers = true;
-  // Trainer::step does the per-bucket update.
-  bool step_each_bucket = true;
   bool nccl_high_priority = true;
-  Compression compression = Compression::none;
 
   template <class V>
   void fields(V& v) {
@@ -92,14 +87,30 @@ struct DistConfig {
             "seconds without a sign of life from a rank (a heartbeat every 0.5 s) before the others stop, naming it "
             "(2 s once a rank was sent SIGINT/SIGTERM, as launchers do when a worker dies)",
             kTimeoutRange);
+    v.field("nccl_high_priority", nccl_high_priority,
+            "run NCCL's kernels on a high-priority CUDA stream, so that an all-reduce is not queued behind "
+            "backward's kernels (PyTorch: TORCH_NCCL_HIGH_PRIORITY=1)");
+  }
+};
+
+// The process group's settings and data parallelism's (the trainer's gradient sync, lab 5), under
+// `dist:` in a lab's YAML.
+struct DistConfig : ProcessGroupConfig {
+  double bucket_mb = 25;
+  bool overlap = true;
+  bool broadcast_buffers = true;
+  // Trainer::step does the per-bucket update.
+  bool step_each_bucket = true;
+  Compression compression = Compression::none;
+
+  template <class V>
+  void fields(V& v) {
+    ProcessGroupConfig::fields(v);
     v.field("bucket_mb", bucket_mb, "MiB of gradients per all-reduce bucket (PyTorch DDP's bucket_cap_mb)",
             Range<double>::positive());
     v.field("overlap", overlap, "all-reduce buckets during backward (false: all after backward)");
     v.field("broadcast_buffers", broadcast_buffers,
             "broadcast rank 0's module buffers (e.g. BatchNorm's running statistics) before each forward");
-    v.field("nccl_high_priority", nccl_high_priority,
-            "run NCCL's kernels on a high-priority CUDA stream, so that an all-reduce is not queued behind "
-            "backward's kernels (PyTorch: TORCH_NCCL_HIGH_PRIORITY=1)");
     v.field("step_each_bucket", step_each_bucket,
             "with a fused optimizer and neither loss scaling nor clipping, update each bucket's parameters as soon as "
             "its all-reduce is done (same result, the update overlaps the later all-reduces)");
