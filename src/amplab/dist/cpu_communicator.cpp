@@ -177,24 +177,34 @@ class CpuCommunicator final : public Communicator {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
+      std::exception_ptr error;
       try {
         if (!failure_.empty() && job.collective)
           throw Error(job.what + " was not run: an earlier collective failed: " + failure_);
         job.run(job.what);
-        job.done.set_value();
-      } catch (const Error& e) {
-        if (failure_.empty()) failure_ = e.what();
-        job.done.set_exception(std::current_exception());
+      } catch (const Error&) {
+        error = std::current_exception();
       } catch (const c10::Error& e) {
         std::string message = e.what_without_backtrace();
-        Error error(job.what + ": " + message.substr(0, message.find('\n')));
-        if (failure_.empty()) failure_ = error.what();
-        job.done.set_exception(std::make_exception_ptr(error));
+        error = std::make_exception_ptr(Error(job.what + ": " + message.substr(0, message.find('\n'))));
       } catch (const std::exception& e) {
-        Error error(job.what + ": " + e.what());
-        if (failure_.empty()) failure_ = error.what();
-        job.done.set_exception(std::make_exception_ptr(error));
+        error = std::make_exception_ptr(Error(job.what + ": " + e.what()));
       }
+      // The collective's tensors go before its waiters wake: once wait() returns, the collective
+      // holds no reference to them (a caller that dropped its own sees the memory freed).
+      job.run = nullptr;
+      if (!error) {
+        job.done.set_value();
+        continue;
+      }
+      if (failure_.empty()) {
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          failure_ = e.what();
+        }
+      }
+      job.done.set_exception(error);
     }
   }
 
