@@ -2,17 +2,21 @@
 """PyTorch's side of the sharded_training lab: the lab's MLP (layers x Linear(width) with ReLU,
 fp32, MSE on the lab's kind of batch) trained under DistributedDataParallel with torch's AdamW
 (fused), then with torch.distributed.optim.ZeroRedundancyOptimizer around the same AdamW (ZeRO-1:
-each rank steps its parameters' share and broadcasts it). Launch with torchrun:
+each rank steps its parameters' share and broadcasts it), then under FSDP2 (fully_shard on each
+Linear and on the root, fp32, fused AdamW over the sharded parameters: ZeRO-3, PyTorch's default
+of prefetching one layer ahead). Launch with torchrun:
     torchrun --standalone --nproc-per-node 2 bench/sharded_reference.py [--width 8192 --layers 4]
 Prints on rank 0, per setting: the optimizer state this rank holds, what the CUDA allocator holds
 after training (model, gradients, optimizer) and its peak, and the median ms per step after the
 warm-up (CUDA events around forward, backward and the step)."""
 import argparse
+import gc
 import os
 import statistics
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,11 +32,20 @@ def mlp(width, layers, device):
 
 
 def run(setting, args, device):
+    gc.collect()  # the previous setting's model and optimizer (DDP's reducer holds cycles) before `start`
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     start = torch.cuda.memory_allocated(device)
-    model = DistributedDataParallel(mlp(args.width, args.layers, device), device_ids=[device.index])
-    if setting == "ddp":
+    if setting == "fsdp2":
+        model = mlp(args.width, args.layers, device)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        torch.cuda.reset_peak_memory_stats(device)  # the whole model was made first, as the lab does
+    else:
+        model = DistributedDataParallel(mlp(args.width, args.layers, device), device_ids=[device.index])
+    if setting in ("ddp", "fsdp2"):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
     else:
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
@@ -53,7 +66,9 @@ def run(setting, args, device):
         if step >= args.warmup:
             times.append(begin.elapsed_time(end))
     state = opt.optim.state if setting == "zero-1" else opt.state
-    state_bytes = sum(t.nbytes for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    def local_bytes(t):  # FSDP2's state is DTensors: this rank's shard
+        return (t.to_local() if hasattr(t, "to_local") else t).nbytes
+    state_bytes = sum(local_bytes(t) for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
     held = torch.cuda.memory_allocated(device) - start
     peak = torch.cuda.max_memory_allocated(device) - start
     return state_bytes, held, peak, statistics.median(times)
@@ -71,7 +86,7 @@ def main():
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    rows = [(setting, *run(setting, args, device)) for setting in ("ddp", "zero-1")]
+    rows = [(setting, *run(setting, args, device)) for setting in ("ddp", "zero-1", "fsdp2")]
     if dist.get_rank() == 0:
         print(f"PyTorch {torch.__version__}: MLP {args.layers} x Linear({args.width}), batch {args.batch} per rank, "
               f"{dist.get_world_size()} rank(s), fp32")

@@ -1,7 +1,6 @@
 // Lab 8, sharded data parallelism: the same MLP trained on the same data, first as DDP (the
 // gradients all-reduced, every rank stepping the whole model with torch's AdamW), then with your
-// ZeRO-1 and your ZeRO-2 (labs/sharded_training/sharded_training.hpp): the optimizer state and the
-// gradients each rank holds, against your estimate, the step time, and the losses side by side. Launch with our launcher or torchrun:
+// ZeRO-1, ZeRO-2 and ZeRO-3 (labs/sharded_training/sharded_training.hpp): the state each rank holds, against your estimate, the step time, and the losses side by side. Launch with our launcher or torchrun:
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
 #include <torch/torch.h>
@@ -70,9 +69,10 @@ void measure_memory(StageRun& run, torch::Device device, const amplab::MemoryRea
   run.peak_bytes = now.peak_allocated - start.allocated;
 }
 
-// Trains config.train.steps steps; `step()` is the stage's optimizer step after backward.
-StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::nn::Sequential& mlp,
-               torch::Device device, const std::function<void()>& zero_grad, const std::function<void()>& step) {
+// Trains config.train.steps steps of `forward`; `step()` is the stage's optimizer step after backward.
+StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm,
+               const std::function<torch::Tensor(const torch::Tensor&)>& forward, torch::Device device,
+               const std::function<void()>& zero_grad, const std::function<void()>& step) {
   StageRun out;
   std::vector<double> times;
   amplab::DeviceTimer timer(device);
@@ -80,7 +80,7 @@ StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch
     auto [x, y] = batch_of(config, comm, s, device);
     timer.start();
     zero_grad();
-    auto loss = torch::mse_loss(mlp->forward(x), y);
+    auto loss = torch::mse_loss(forward(x), y);
     loss.backward();
     step();
     const double ms = timer.stop_ms();
@@ -100,6 +100,10 @@ StageRun train(const ZeroConfig& config, amplab::dist::Communicator& comm, torch
   return out;
 }
 
+std::function<torch::Tensor(const torch::Tensor&)> forward_of(torch::nn::Sequential& mlp) {
+  return [&mlp](const torch::Tensor& x) { return mlp->forward(x); };
+}
+
 // DDP: every gradient averaged by one all-reduce, then torch's AdamW on the whole model.
 StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, torch::Device device) {
   amplab::reset_peak_memory(device);
@@ -107,7 +111,7 @@ StageRun train_ddp(const ZeroConfig& config, amplab::dist::Communicator& comm, t
   auto mlp = make_mlp(config, device);
   torch::optim::AdamW adamw(mlp->parameters(), torch::optim::AdamWOptions(config.train.lr)
                                                    .weight_decay(config.train.weight_decay));
-  StageRun run = train(config, comm, mlp, device, [&] { adamw.zero_grad(); }, [&] {
+  StageRun run = train(config, comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] {
     std::vector<torch::Tensor> grads;
     for (auto& p : mlp->parameters()) grads.push_back(p.grad());
     comm.all_reduce_mean(grads)->wait();
@@ -134,7 +138,7 @@ StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
   const amplab::MemoryReading start = amplab::read_memory(device);
   auto mlp = make_mlp(config, device);
   zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, adamw_options(config));
-  StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  StageRun run = train(config, *comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
   measure_memory(run, device, start);
   return run;
@@ -149,8 +153,25 @@ StageRun train_zero2(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
   for (const auto& layer : mlp->children())
     if (auto params = layer->parameters(); !params.empty()) buckets.push_back(params);
   zero_lab::ShardedGradientsAdamW adamw(buckets, comm, adamw_options(config));
-  StageRun run = train(config, *comm, mlp, device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  StageRun run = train(config, *comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
+  measure_memory(run, device, start);
+  return run;
+}
+
+// ZeRO-3: your FullyShardedMlp, one unit per Linear layer, each gathered for its forward and
+// backward and prefetched one layer ahead.
+StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
+  amplab::reset_peak_memory(device);
+  const amplab::MemoryReading start = amplab::read_memory(device);
+  zero_lab::FullyShardedMlp model(make_mlp(config, device), comm, adamw_options(config));
+  // The model is made whole and then cut into shards (FSDP initializes layer by layer, or on the
+  // meta device): the peak that matters is training's, from here.
+  amplab::reset_peak_memory(device);
+  StageRun run = train(
+      config, *comm, [&](const torch::Tensor& x) { return model.forward(x); }, device, [&] { model.zero_grad(); },
+      [&] { model.step(); });
+  run.state_bytes = model.state_bytes();
   measure_memory(run, device, start);
   return run;
 }
@@ -173,6 +194,8 @@ int run_rank(ZeroLab& lab) {
   const StageRun zero1 = train_zero1(config, comm, lab.device);
   lab.phase("zero-2");
   const StageRun zero2 = train_zero2(config, comm, lab.device);
+  lab.phase("zero-3");
+  const StageRun zero3 = train_zero3(config, comm, lab.device);
   lab.phase("");
 
   auto& stages = lab.results.table(
@@ -180,19 +203,19 @@ int run_rank(ZeroLab& lab) {
                  {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
                  {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
                  {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
-  const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}, {"zero-2", &zero2}};
-  for (int stage = 0; stage < 3; ++stage) {
+  const std::pair<const char*, const StageRun*> rows[] = {{"ddp", &ddp}, {"zero-1", &zero1}, {"zero-2", &zero2}, {"zero-3", &zero3}};
+  for (int stage = 0; stage < 4; ++stage) {
     const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
     const StageRun& r = *rows[stage].second;
     stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
                 r.step_ms, r.losses.back()});
   }
   auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
-                                              {"zero_1", "zero-1", decimals(6)}, {"zero_2", "zero-2", decimals(6)}});
+                                              {"zero_1", "zero-1", decimals(6)}, {"zero_2", "zero-2", decimals(6)}, {"zero_3", "zero-3", decimals(6)}});
   double largest = 0;
   for (size_t s = 0; s < ddp.losses.size(); ++s) {
-    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s], zero2.losses[s]});
-    for (const StageRun* sharded : {&zero1, &zero2})
+    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s], zero2.losses[s], zero3.losses[s]});
+    for (const StageRun* sharded : {&zero1, &zero2, &zero3})
       largest = std::max(largest, std::abs(ddp.losses[s] - sharded->losses[s]) / std::max(std::abs(ddp.losses[s]), 1e-12));
   }
   const bool same = largest <= 1e-4;
@@ -203,15 +226,15 @@ int run_rank(ZeroLab& lab) {
   lab.results.set("losses_match", same);
   comm->shutdown();
   if (!lab.world.is_main()) return same ? amplab::kExitOk : amplab::kExitFailure;
-  lab.results.print("stages", "DDP, ZeRO-1 and ZeRO-2 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
+  lab.results.print("stages", "DDP and ZeRO-1, 2 and 3 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
                                   std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
                                   "), " + std::to_string(num_params) + " parameters",
                     "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
-                    "optimizer_state (fp32, stage 0 for ddp, 1 and 2 for zero-1 and zero-2) and its total; held: what the CUDA allocator holds for the "
+                    "optimizer_state (fp32, stage 0 for ddp, 1-3 for zero-1 to zero-3) and its total; held: what the CUDA allocator holds for the "
                     "stage after training (model, gradients, optimizer), peak: its "
                     "largest while training (activations too), both '-' on the CPU; ms/step: median after " +
                     std::to_string(config.train.warmup) + " steps\n");
-  std::cout << "losses of ZeRO-1, ZeRO-2 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
+  std::cout << "losses of ZeRO-1, 2, 3 and DDP " << (same ? "match" : "DIFFER") << " (largest relative difference "
             << amplab::fixed(largest, 9) << " over " << ddp.losses.size() << " steps)\n";
   return same ? amplab::kExitOk : amplab::kExitFailure;
 }

@@ -1,5 +1,5 @@
-// Lab 8: sharded data parallelism, ZeRO stages 1 and 2 (labs/sharded_training/README.md has the
-// theory).
+// Lab 8: sharded data parallelism, ZeRO stages 1, 2 and 3 (labs/sharded_training/README.md has
+// the theory).
 //
 // DDP (lab 5) keeps the whole model, its whole gradient and the whole optimizer state on every
 // rank: W copies of everything. ZeRO-1 keeps one copy of the optimizer state, cut in W pieces:
@@ -18,11 +18,18 @@
 // on with the layers before it (lab 5's overlap), and the whole gradients are freed: between two
 // steps a rank holds only its shard of each bucket's gradient.
 //
+// ZeRO-3 (FSDP) shards the parameters too. Between two uses a rank holds only its shard of each
+// layer. A layer's forward all-gathers its whole parameters, computes, and lets them go. Its
+// backward gathers them again, computes both gradients, and reduce-scatters the weight's
+// gradient to the shards. While one layer computes, the next one's all-gather is already on its
+// way (a prefetch).
+//
 //   flat_layout           where each parameter sits and how the buffer is cut      (TODO sharded_training-1)
 //   adamw_shard_step      AdamW on one shard                                       (TODO sharded_training-2)
 //   ShardedAdamW          ZeRO-1's step: reduce-scatter, AdamW on a shard, all-gather (TODO sharded_training-2)
 //   estimate_memory       bytes per rank of each part of the training state        (TODO sharded_training-3)
 //   ShardedGradientsAdamW ZeRO-2: each bucket reduce-scattered as backward finishes it (TODO sharded_training-4)
+//   FullyShardedMlp       ZeRO-3: each layer gathered for its forward and backward, then freed (TODO sharded_training-5)
 #pragma once
 
 #include <torch/types.h>
@@ -146,6 +153,72 @@ class ShardedGradientsAdamW {
   std::mutex mutex_;   // gradient_ready may run on autograd's threads (one per device)
   int64_t steps_ = 0;  // steps taken (AdamW's bias correction counts them)
 };
+
+// ZeRO-3 (FSDP) for an MLP: every torch::nn::Linear of `mlp` becomes a unit whose weight and bias
+// live only as this rank's shard of one flat buffer [weight | bias | padding] (laid out by
+// flat_layout); the other layers (ReLU, Tanh...) run as they are. The constructor, forward's
+// loop, gather, prefetch and the gradient's reduce-scatter are given
+// (labs/sharded_training/given/fully_sharded_mlp.cpp); the Linear's forward and backward
+// (sharded_linear) and the step are yours (fully_sharded.cpp). Every rank must pass the same
+// model with the same values.
+class FullyShardedMlp {
+ public:
+  struct Unit {
+    int64_t out = 0, in = 0;  // the Linear's weight is (out, in), its bias (out)
+    FlatLayout layout;
+    torch::Tensor shard;       // shard_numel elements: this rank's shard of the parameters (it
+                               // requires grad only so that autograd runs every layer's backward)
+    torch::Tensor grad_shard;  // shard_numel elements: this rank's shard of the mean gradient
+    std::shared_ptr<amplab::dist::Work> reducing;  // the reduce-scatter into grad_shard in flight, or null
+    torch::Tensor exp_avg, exp_avg_sq;  // shard_numel elements each: AdamW's moments
+    torch::Tensor whole;                  // padded_numel(): the gathered parameters while an all-gather
+                                          // is pending (a prefetch), else undefined
+    std::shared_ptr<amplab::dist::Work> gathering;  // that all-gather, or null
+  };
+
+  FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<amplab::dist::Communicator> comm, AdamWOptions options,
+                  bool prefetch = true);
+
+  // Given: the layers in order, each Linear through your ShardedLinear (sharded_training-5).
+  torch::Tensor forward(const torch::Tensor& x);
+  // Given: starts unit u's all-gather into a new whole buffer and returns at once; nothing when
+  // u is out of range, prefetching is off, or its gather is already on its way.
+  void prefetch(size_t u);
+  // Given: unit u's whole parameters, flat (padded_numel() elements): waits for its prefetch, or
+  // gathers now. The unit keeps no reference to what it returns: when the caller lets it go, the
+  // memory is free.
+  torch::Tensor gather(size_t u);
+  // Given: starts the reduce-scatter of this rank's whole gradient of unit u (padded_numel()
+  // elements, laid out as the parameters) into the unit's grad_shard, the mean over the ranks,
+  // and returns at once (step() waits for it): it travels while backward computes the layers
+  // before this one.
+  void reduce_scatter_gradient(size_t u, const torch::Tensor& whole_gradient);
+
+  // TODO(sharded_training-5): AdamW on every unit's shard with its grad_shard.
+  void step();
+
+  void zero_grad();  // given: nothing to clear (each backward's reduce-scatters overwrite grad_shard)
+  // Given, a collective: every parameter whole, flat and in the model's order (for checks).
+  torch::Tensor full_parameters();
+  std::vector<Unit>& units() { return units_; }
+  amplab::dist::Communicator& communicator() { return *comm_; }
+  int64_t steps() const { return steps_; }
+  int64_t state_bytes() const;   // the moments
+  int64_t shard_bytes() const;   // the parameters' shards
+
+ private:
+  torch::nn::Sequential mlp_;          // the non-Linear layers run from it; its Linears hold no parameters
+  std::vector<int> unit_of_layer_;     // per layer of mlp_: its unit, or -1 for a layer without parameters
+  std::vector<Unit> units_;
+  std::shared_ptr<amplab::dist::Communicator> comm_;
+  AdamWOptions options_;
+  bool prefetch_ = true;
+  int64_t steps_ = 0;
+};
+
+// TODO(sharded_training-5): y = x W^T + b for unit u of `model`, ZeRO-3's way: the whole
+// parameters exist only while this layer computes, in forward and again in backward.
+torch::Tensor sharded_linear(FullyShardedMlp& model, size_t u, const torch::Tensor& x);
 
 // Bytes one rank holds of each part of the training state of a model of `num_params`
 // parameters trained with AdamW on `world_size` ranks.

@@ -361,6 +361,156 @@ TEST(ShardedTraining4_Zero2_Alone, OneRankIsTorchsAdamW) {
   EXPECT_EQ(adamw.steps(), 4);
 }
 
+// ---------------------------------------------------------------- TODO(sharded_training-5): ZeRO-3
+
+// The test network as modules, with initial_parameters()'s values: Linear(5, 6), Tanh, Linear(6, 3).
+torch::nn::Sequential test_network() {
+  torch::nn::Sequential net(torch::nn::Linear(5, 6), torch::nn::Tanh(), torch::nn::Linear(6, 3));
+  torch::NoGradGuard no_grad;
+  const auto init = initial_parameters();
+  auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(init[i]);
+  return net;
+}
+
+// Records the collectives in order ("AG 36" for an all-gather of 36 elements, "RS 22" for a
+// reduce-scatter of 22), and the all-gathers' outputs, to tell which are still alive.
+class CollectiveLog final : public test::ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+    calls.push_back("AG " + std::to_string(output.numel()));
+    gathered.push_back(output.storage().getWeakStorageImpl());
+    return inner_->all_gather(std::move(output), std::move(input));
+  }
+  std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
+    calls.push_back("RS " + std::to_string(input.numel()));
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  // How many gathered buffers are still alive (whole layers someone holds).
+  int alive() const {
+    int n = 0;
+    for (const auto& g : gathered) n += g.expired() ? 0 : 1;
+    return n;
+  }
+  std::vector<std::string> calls;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;
+};
+
+struct Zero3End {
+  torch::Tensor params;
+  std::vector<torch::Tensor> grad_shards;
+  int whole_after_forward = -1, whole_after_backward = -1;
+  std::vector<std::string> calls;  // the last step's collectives
+};
+
+std::vector<Zero3End> zero3_ends(int world_size, int steps) {
+  std::mutex mutex;
+  std::vector<Zero3End> ends(world_size);
+  auto errors = run_ranks(world_size, [&](std::shared_ptr<dist::Communicator> inner) {
+    auto comm = std::make_shared<CollectiveLog>(inner);
+    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    Zero3End end;
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = global_batch(world_size, s);
+      comm->calls.clear();
+      comm->gathered.clear();
+      model.zero_grad();
+      auto loss = torch::mse_loss(model.forward(x.narrow(0, 4 * comm->rank(), 4)), y.narrow(0, 4 * comm->rank(), 4));
+      end.whole_after_forward = comm->alive();
+      loss.backward();
+      end.whole_after_backward = comm->alive();
+      model.step();
+      end.calls = comm->calls;
+    }
+    for (const auto& unit : model.units()) end.grad_shards.push_back(unit.grad_shard.clone());
+    end.params = model.full_parameters();
+    std::lock_guard<std::mutex> lock(mutex);
+    ends[comm->rank()] = end;
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return ends;
+}
+
+class ShardedTraining5_Fsdp : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedTraining5_Fsdp, EveryRankEndsWithTorchsAdamWOnTheWholeBatch) {
+  const int world_size = GetParam();
+  const auto expected = torch_adamw(world_size, 3).first;
+  const auto ends = zero3_ends(world_size, 3);
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_TRUE(ends[r].params.defined()) << "rank " << r << " did not finish";
+    EXPECT_TRUE(test::tensors_close(ends[r].params, expected, 1e-5, 1e-6))
+        << "rank " << r << ": after 3 ZeRO-3 steps the gathered parameters are not torch's AdamW's on the whole batch";
+  }
+}
+
+// Between its forward and its backward a layer is not whole anywhere: after forward, and again
+// after backward, no gathered buffer is alive; each rank's gradient shard is the ranks' mean.
+TEST_P(ShardedTraining5_Fsdp, NoLayerStaysWholeAndEachRankGetsItsShardOfTheMeanGradient) {
+  const int world_size = GetParam();
+  const auto whole = torch_adamw(world_size, 1).second;
+  const auto ends = zero3_ends(world_size, 1);
+  const std::pair<int64_t, int64_t> units[] = {{0, 36}, {36, 21}};
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_EQ(ends[r].grad_shards.size(), 2u) << "rank " << r << " did not finish";
+    EXPECT_EQ(ends[r].whole_after_forward, 0)
+        << "rank " << r << ": after forward, whole layers are still alive (saved for backward?): ZeRO-3 gathers "
+        << "them again in backward";
+    EXPECT_EQ(ends[r].whole_after_backward, 0) << "rank " << r << ": after backward, whole layers are still alive";
+    for (int u = 0; u < 2; ++u) {
+      const int64_t shard = dist::shard_numel(units[u].second, world_size);
+      auto padded = torch::zeros({shard * world_size});
+      padded.narrow(0, 0, units[u].second).copy_(whole.narrow(0, units[u].first, units[u].second));
+      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[u], padded.narrow(0, r * shard, shard), 1e-5, 1e-7))
+          << "rank " << r << ", unit " << u << ": grad_shard is not the mean over the ranks of its chunk";
+    }
+  }
+}
+
+// Each layer is gathered for its forward and again for its backward, the next one's gather
+// issued before this one computes (forward: the layer after; backward: the layer before), and
+// each gradient reduce-scattered once.
+TEST_P(ShardedTraining5_Fsdp, EachLayerIsGatheredTwiceAndTheNextOneIsPrefetched) {
+  const int world_size = GetParam();
+  const auto ends = zero3_ends(world_size, 2);
+  const std::string first = std::to_string(dist::shard_numel(36, world_size) * world_size),
+                    second = std::to_string(dist::shard_numel(21, world_size) * world_size);
+  const std::vector<std::string> expected = {"AG " + first,  "AG " + second,  // forward: layer 0, prefetch of 1
+                                             "AG " + second, "AG " + first,   // backward: layer 1, prefetch of 0
+                                             "RS " + second, "RS " + first};
+  for (int r = 0; r < world_size; ++r)
+    EXPECT_EQ(ends[r].calls, expected) << "rank " << r << ": the collectives of one step, in order";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining5_Fsdp, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(ShardedTraining5_Fsdp_Alone, OneRankIsTorchsAdamW) {
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  for (int s = 0; s < 4; ++s) {
+    auto [x, y] = global_batch(1, s);
+    model.zero_grad();
+    torch::mse_loss(model.forward(x), y).backward();
+    model.step();
+  }
+  EXPECT_TRUE(test::tensors_close(model.full_parameters(), torch_adamw(1, 4).first, 1e-5, 1e-6))
+      << "after 4 ZeRO-3 steps alone, the parameters are not torch's AdamW's";
+  EXPECT_EQ(model.steps(), 4);
+}
+
+TEST(ShardedTraining5_Fsdp_Alone, AStepWithoutABackwardIsAnErrorNamingTheUnit) {
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  try {
+    model.step();
+    FAIL() << "step() before any backward must throw: no unit has a gradient";
+  } catch (const amplab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 0"), std::string::npos) << e.what();
+  }
+}
+
 // ---------------------------------------------------------------- TODO(sharded_training-3): memory per rank
 
 void expect_bytes(const zero_lab::MemoryEstimate& m, int64_t parameters, int64_t gradients, int64_t state,
