@@ -16,6 +16,12 @@ import tempfile
 from sweep import ROOT, Case, crashed, judge_error, refused, run  # tests/faults/sweep.py, which loads this file
 
 RESUMES = True  # cli/ddp/--resume of a missing file, and of 'latest' with no checkpoint
+# Ctrl-C and SIGTERM in a training step of one CPU process, as in every lab (stop_cases in sweep.py);
+# the two-rank stops are the core process tests' (Interrupt.* through amplab-run and torchrun).
+STOP = {"settings": ["--set", "run.device=cpu", "--set", "train.epochs=2", "--set", "data.train_limit=2048",
+                     "--set", "data.test_limit=200"],
+        "after": r"training on \d+ rank",
+        "when": "in a training step"}
 BEYOND_THE_MACHINE = [("dist.timeout_s=1e10", ["dist.timeout_s", "604800"], "dist.timeout_s beyond a week")]
 # A CPU run of seconds that leaves a checkpoint: another lab's checkpoint, for the labs that refuse one.
 QUICK_CHECKPOINT = ["--set", "run.device=cpu", "--set", "data.train_limit=512", "--set", "data.test_limit=200",
