@@ -1,6 +1,8 @@
 // Lab 8, sharded data parallelism: the same MLP trained on the same data, first as DDP (the
 // gradients all-reduced, every rank stepping the whole model with torch's AdamW), then with your
-// ZeRO-1, ZeRO-2 and ZeRO-3 (labs/sharded_training/sharded_training.hpp): the state each rank holds, against your estimate, the step time, and the losses side by side. Launch with our launcher or torchrun:
+// ZeRO-1, ZeRO-2 and ZeRO-3 (labs/sharded_training/sharded_training.hpp): the state each rank
+// holds against your estimate, the step time, and the losses side by side. Launch with our
+// launcher or torchrun:
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
 #include <torch/torch.h>
