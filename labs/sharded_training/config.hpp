@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
 
 #include "amplab/dist/world.hpp"
 #include "amplab/infra/config.hpp"
@@ -36,11 +38,29 @@ struct ZeroTrainConfig {
   }
 };
 
+// The dtypes FSDP's mixed precision chooses between.
+enum class FsdpDtype { float32, bfloat16 };
+inline constexpr std::pair<FsdpDtype, const char*> kFsdpDtypeNames[] = {{FsdpDtype::float32, "float32"},
+                                                                        {FsdpDtype::bfloat16, "bfloat16"}};
+inline std::span<const std::pair<FsdpDtype, const char*>> enum_names(FsdpDtype) { return kFsdpDtypeNames; }
+
+struct ZeroFsdpConfig {
+  FsdpDtype param_dtype = FsdpDtype::float32, reduce_dtype = FsdpDtype::float32;
+
+  bool fp32() const { return param_dtype == FsdpDtype::float32 && reduce_dtype == FsdpDtype::float32; }
+  template <class V>
+  void fields(V& v) {
+    v.field("param_dtype", param_dtype, "ZeRO-3's all-gathers and layer compute (its shards and step stay float32)");
+    v.field("reduce_dtype", reduce_dtype, "the dtype ZeRO-3's gradients are reduce-scattered in");
+  }
+};
+
 struct ZeroConfig {
   amplab::RunConfig run;
   amplab::dist::ProcessGroupConfig dist;
   ZeroModelConfig model;
   ZeroTrainConfig train;
+  ZeroFsdpConfig fsdp;
 
   template <class V>
   void fields(V& v) {
@@ -48,6 +68,7 @@ struct ZeroConfig {
     v.section("dist", dist);
     v.section("model", model);
     v.section("train", train);
+    v.section("fsdp", fsdp);
   }
 };
 

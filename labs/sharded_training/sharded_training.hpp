@@ -154,6 +154,13 @@ class ShardedGradientsAdamW {
   int64_t steps_ = 0;  // steps taken (AdamW's bias correction counts them)
 };
 
+// FSDP's mixed precision (PyTorch's MixedPrecisionPolicy): the shards, the moments and the step
+// stay fp32; the all-gathers and the layers' compute run in param_dtype; the gradients are
+// reduce-scattered in reduce_dtype (fp32 sums more exactly; bf16 moves half the bytes).
+struct ShardedPrecision {
+  torch::ScalarType param_dtype = torch::kFloat32, reduce_dtype = torch::kFloat32;
+};
+
 // ZeRO-3 (FSDP) for an MLP: every torch::nn::Linear of `mlp` becomes a unit whose weight and bias
 // live only as this rank's shard of one flat buffer [weight | bias | padding] (laid out by
 // flat_layout); the other layers (ReLU, Tanh...) run as they are. The constructor, forward's
@@ -168,28 +175,30 @@ class FullyShardedMlp {
     FlatLayout layout;
     torch::Tensor shard;       // shard_numel elements: this rank's shard of the parameters (it
                                // requires grad only so that autograd runs every layer's backward)
-    torch::Tensor grad_shard;  // shard_numel elements: this rank's shard of the mean gradient
+    torch::Tensor grad_shard;  // shard_numel elements in reduce_dtype: this rank's shard of the mean gradient
     std::shared_ptr<amplab::dist::Work> reducing;  // the reduce-scatter into grad_shard in flight, or null
     torch::Tensor exp_avg, exp_avg_sq;  // shard_numel elements each: AdamW's moments
-    torch::Tensor whole;                  // padded_numel(): the gathered parameters while an all-gather
-                                          // is pending (a prefetch), else undefined
+    torch::Tensor whole;                  // padded_numel() in param_dtype: the gathered parameters while
+                                          // an all-gather is pending (a prefetch), else undefined
     std::shared_ptr<amplab::dist::Work> gathering;  // that all-gather, or null
   };
 
   FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<amplab::dist::Communicator> comm, AdamWOptions options,
-                  bool prefetch = true);
+                  bool prefetch = true, ShardedPrecision precision = {});
 
-  // Given: the layers in order, each Linear through your ShardedLinear (sharded_training-5).
+  // Given: the layers in order, each Linear through your ShardedLinear (sharded_training-5); the
+  // input is cast to param_dtype first and the output back to fp32 (FSDP casts at the root).
   torch::Tensor forward(const torch::Tensor& x);
   // Given: starts unit u's all-gather into a new whole buffer and returns at once; nothing when
   // u is out of range, prefetching is off, or its gather is already on its way.
   void prefetch(size_t u);
-  // Given: unit u's whole parameters, flat (padded_numel() elements): waits for its prefetch, or
-  // gathers now. The unit keeps no reference to what it returns: when the caller lets it go, the
+  // Given: unit u's whole parameters, flat (padded_numel() elements, in param_dtype): waits for
+  // its prefetch, or gathers now. The unit keeps no reference to what it returns: when the caller lets it go, the
   // memory is free.
   torch::Tensor gather(size_t u);
   // Given: starts the reduce-scatter of this rank's whole gradient of unit u (padded_numel()
-  // elements, laid out as the parameters) into the unit's grad_shard, the mean over the ranks,
+  // elements, laid out as the parameters, in any floating dtype: it travels in reduce_dtype)
+  // into the unit's grad_shard, the mean over the ranks,
   // and returns at once (step() waits for it): it travels while backward computes the layers
   // before this one.
   void reduce_scatter_gradient(size_t u, const torch::Tensor& whole_gradient);
@@ -213,7 +222,10 @@ class FullyShardedMlp {
   std::shared_ptr<amplab::dist::Communicator> comm_;
   AdamWOptions options_;
   bool prefetch_ = true;
+  ShardedPrecision precision_;
   int64_t steps_ = 0;
+
+  torch::Tensor start_gather(Unit& unit);  // a new whole buffer and its all-gather
 };
 
 // TODO(sharded_training-5): y = x W^T + b for unit u of `model`, ZeRO-3's way: the whole

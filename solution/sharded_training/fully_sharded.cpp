@@ -59,7 +59,9 @@ torch::Tensor ShardedLinearFunction::forward(torch::autograd::AutogradContext* c
 // gradient per forward input: {dL/dx, undefined, undefined, undefined} (the shard's gradient
 // goes through the reduce-scatter, not through autograd).
 // Pitfalls: dL/dx only when ctx->needs_input_grad(0) (the first layer's input is data); the
-// whole gradient must be laid out as the parameters are, or each rank steps the wrong elements.
+// whole gradient must be laid out as the parameters are, or each rank steps the wrong elements;
+// under mixed precision (ShardedPrecision) x, g and the gathered parameters are bf16: compute in
+// their dtype and assume no float32 anywhere.
 torch::autograd::tensor_list ShardedLinearFunction::backward(torch::autograd::AutogradContext* ctx,
                                                              torch::autograd::tensor_list grad_outputs) {
   FullyShardedMlp* model = model_of(ctx);

@@ -380,11 +380,13 @@ class CollectiveLog final : public test::ForwardingCommunicator {
   using ForwardingCommunicator::ForwardingCommunicator;
   std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
     calls.push_back("AG " + std::to_string(output.numel()));
+    dtypes.push_back("AG " + std::string(c10::toString(output.scalar_type())));
     gathered.push_back(output.storage().getWeakStorageImpl());
     return inner_->all_gather(std::move(output), std::move(input));
   }
   std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
     calls.push_back("RS " + std::to_string(input.numel()));
+    dtypes.push_back("RS " + std::string(c10::toString(input.scalar_type())));
     return inner_->reduce_scatter(std::move(output), std::move(input), op);
   }
   // How many gathered buffers are still alive (whole layers someone holds).
@@ -393,7 +395,7 @@ class CollectiveLog final : public test::ForwardingCommunicator {
     for (const auto& g : gathered) n += g.expired() ? 0 : 1;
     return n;
   }
-  std::vector<std::string> calls;
+  std::vector<std::string> calls, dtypes;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;
 };
 
@@ -485,6 +487,47 @@ TEST_P(ShardedTraining5_Fsdp, EachLayerIsGatheredTwiceAndTheNextOneIsPrefetched)
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining5_Fsdp, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+
+// FSDP's mixed precision: the gathers and the layers' compute in bf16 over fp32 shards, the
+// gradients reduced in fp32 or in bf16. Your sharded_linear computes in the dtype of what
+// gather() returns: nothing in it may assume fp32.
+TEST(ShardedTraining5_Fsdp_MixedPrecision, Bf16ComputeOverFp32ShardsTrainsLikeFp32) {
+  const auto expected = torch_adamw(2, 3).first;
+  for (auto reduce : {torch::kFloat32, torch::kBFloat16}) {
+    std::mutex mutex;
+    std::vector<torch::Tensor> params(2);
+    std::vector<std::vector<std::string>> dtypes(2);
+    auto errors = run_ranks(2, [&](std::shared_ptr<dist::Communicator> inner) {
+      auto comm = std::make_shared<CollectiveLog>(inner);
+      zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options(), /*prefetch=*/true,
+                                      zero_lab::ShardedPrecision{torch::kBFloat16, reduce});
+      for (int s = 0; s < 3; ++s) {
+        auto [x, y] = global_batch(2, s);
+        comm->dtypes.clear();
+        auto out = model.forward(x.narrow(0, 4 * comm->rank(), 4));
+        ASSERT_EQ(out.scalar_type(), torch::kFloat32) << "the model's output comes back in fp32";
+        torch::mse_loss(out, y.narrow(0, 4 * comm->rank(), 4)).backward();
+        model.step();
+      }
+      for (const auto& unit : model.units()) ASSERT_EQ(unit.shard.scalar_type(), torch::kFloat32) << "the shards stay fp32";
+      const auto last_step = comm->dtypes;
+      auto mine = model.full_parameters();
+      std::lock_guard<std::mutex> lock(mutex);
+      params[comm->rank()] = mine;
+      dtypes[comm->rank()] = last_step;
+    });
+    ASSERT_TRUE(all_ranks_finished(errors)) << c10::toString(reduce);
+    const std::string rs = std::string("RS ") + c10::toString(reduce);
+    const std::vector<std::string> collectives = {"AG BFloat16", "AG BFloat16", "AG BFloat16", "AG BFloat16", rs, rs};
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(dtypes[r], collectives) << "rank " << r << ", reduction in " << c10::toString(reduce)
+                                        << ": the dtypes of the last step's collectives";
+      // bf16 keeps 8 bits: three steps of lr 0.05 stay within 0.01 of fp32 training.
+      EXPECT_TRUE(test::tensors_close(params[r], expected, 0, 1e-2))
+          << "rank " << r << ", reduction in " << c10::toString(reduce) << ": bf16 compute strayed from fp32 training";
+    }
+  }
+}
 
 TEST(ShardedTraining5_Fsdp_Alone, OneRankIsTorchsAdamW) {
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);

@@ -9,8 +9,12 @@
 namespace zero_lab {
 
 FullyShardedMlp::FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<amplab::dist::Communicator> comm,
-                                 AdamWOptions options, bool prefetch)
-    : mlp_(std::move(mlp)), comm_(std::move(comm)), options_(options), prefetch_(prefetch) {
+                                 AdamWOptions options, bool prefetch, ShardedPrecision precision)
+    : mlp_(std::move(mlp)), comm_(std::move(comm)), options_(options), prefetch_(prefetch), precision_(precision) {
+  for (auto dtype : {precision.param_dtype, precision.reduce_dtype})
+    if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16)
+      throw amplab::Error(std::string("FullyShardedMlp: a precision must be float32, bfloat16 or float16, not ") +
+                          c10::toString(dtype));
   torch::NoGradGuard no_grad;
   const auto rank = comm_->rank();
   for (const auto& layer : mlp_->children()) {
@@ -36,9 +40,9 @@ FullyShardedMlp::FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<ampl
     whole.narrow(0, unit.layout.offsets[0], linear->weight.numel()).copy_(linear->weight.reshape(-1));
     whole.narrow(0, unit.layout.offsets[1], linear->bias.numel()).copy_(linear->bias);
     unit.shard = whole.narrow(0, unit.layout.shard_begin(rank), unit.layout.shard_numel).clone().requires_grad_(true);
-    unit.grad_shard = torch::zeros({unit.layout.shard_numel}, linear->weight.options());
-    unit.exp_avg = torch::zeros_like(unit.grad_shard);
-    unit.exp_avg_sq = torch::zeros_like(unit.grad_shard);
+    unit.grad_shard = torch::zeros({unit.layout.shard_numel}, linear->weight.options().dtype(precision_.reduce_dtype));
+    unit.exp_avg = torch::zeros({unit.layout.shard_numel}, linear->weight.options());
+    unit.exp_avg_sq = torch::zeros_like(unit.exp_avg);
     linear->weight.set_data(torch::empty({0}, linear->weight.options()));  // the whole parameters go
     linear->bias.set_data(torch::empty({0}, linear->bias.options()));
     unit_of_layer_.push_back(static_cast<int>(units_.size()));
@@ -47,28 +51,29 @@ FullyShardedMlp::FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<ampl
 }
 
 torch::Tensor FullyShardedMlp::forward(const torch::Tensor& x) {
-  torch::Tensor h = x;
+  torch::Tensor h = x.to(precision_.param_dtype);
   size_t layer = 0;
   for (auto& module : *mlp_) {
     const int u = unit_of_layer_[layer++];
     h = u >= 0 ? sharded_linear(*this, static_cast<size_t>(u), h) : module.forward(h);
   }
-  return h;
+  return h.to(torch::kFloat32);
+}
+
+torch::Tensor FullyShardedMlp::start_gather(Unit& unit) {
+  unit.whole = torch::empty({unit.layout.padded_numel()}, unit.shard.options().dtype(precision_.param_dtype).requires_grad(false));
+  unit.gathering = comm_->all_gather(unit.whole, unit.shard.detach().to(precision_.param_dtype));
+  return unit.whole;
 }
 
 void FullyShardedMlp::prefetch(size_t u) {
   if (!prefetch_ || u >= units_.size() || units_[u].gathering) return;
-  Unit& unit = units_[u];
-  unit.whole = torch::empty({unit.layout.padded_numel()}, unit.shard.options().requires_grad(false));
-  unit.gathering = comm_->all_gather(unit.whole, unit.shard.detach());
+  start_gather(units_[u]);
 }
 
 torch::Tensor FullyShardedMlp::gather(size_t u) {
   Unit& unit = units_.at(u);
-  if (!unit.gathering) {
-    unit.whole = torch::empty({unit.layout.padded_numel()}, unit.shard.options().requires_grad(false));
-    unit.gathering = comm_->all_gather(unit.whole, unit.shard.detach());
-  }
+  if (!unit.gathering) start_gather(unit);
   unit.gathering->wait();
   unit.gathering.reset();
   return std::move(unit.whole);  // the unit keeps no reference: the caller's is the last
@@ -82,14 +87,19 @@ void FullyShardedMlp::reduce_scatter_gradient(size_t u, const torch::Tensor& who
                         std::to_string(unit.layout.padded_numel()));
   if (unit.reducing)
     throw amplab::Error("FullyShardedMlp: unit " + std::to_string(u) + " got a second gradient before step()");
-  unit.reducing = comm_->reduce_scatter(unit.grad_shard, whole_gradient.contiguous(), amplab::dist::Reduction::mean);
+  unit.reducing = comm_->reduce_scatter(unit.grad_shard, whole_gradient.to(precision_.reduce_dtype).contiguous(),
+                                        amplab::dist::Reduction::mean);
 }
 
 void FullyShardedMlp::zero_grad() {}
 
 torch::Tensor FullyShardedMlp::full_parameters() {
   std::vector<torch::Tensor> parts;
-  for (size_t u = 0; u < units_.size(); ++u) parts.push_back(gather(u).narrow(0, 0, units_[u].layout.numel));
+  for (auto& unit : units_) {  // the fp32 shards themselves, whatever param_dtype gathers for compute
+    torch::Tensor whole = torch::empty({unit.layout.padded_numel()}, unit.exp_avg.options());
+    comm_->all_gather(whole, unit.shard.detach())->wait();
+    parts.push_back(whole.narrow(0, 0, unit.layout.numel));
+  }
   return torch::cat(parts);
 }
 
