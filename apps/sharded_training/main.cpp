@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <functional>
 
 #include "amplab/dist/communicator.hpp"
@@ -163,7 +164,23 @@ StageRun train_zero2(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
 
 // ZeRO-3: your FullyShardedMlp, one unit per Linear layer, each gathered for its forward and
 // backward and prefetched one layer ahead.
-StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device) {
+// Your sharded checkpoint of the trained ZeRO-3 model, saved into `dir` and loaded into a new
+// model: whether its parameters and moments came back to the bit, and the bytes of this rank's file.
+nlohmann::json checkpoint_round_trip(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm,
+                                     torch::Device device, zero_lab::FullyShardedMlp& trained, const std::string& dir) {
+  zero_lab::save_sharded(trained, dir);
+  zero_lab::FullyShardedMlp loaded(make_mlp(config, device), comm, adamw_options(config));
+  zero_lab::load_sharded(loaded, dir);
+  bool same = loaded.steps() == trained.steps() && torch::equal(loaded.full_parameters(), trained.full_parameters());
+  for (size_t u = 0; u < trained.units().size(); ++u)
+    same = same && torch::equal(loaded.units()[u].exp_avg, trained.units()[u].exp_avg) &&
+           torch::equal(loaded.units()[u].exp_avg_sq, trained.units()[u].exp_avg_sq);
+  const std::string mine = dir + "/rank-" + std::to_string(comm->rank()) + "-of-" + std::to_string(comm->size()) + ".safetensors";
+  return {{"dir", dir}, {"restored_to_the_bit", same}, {"bytes_per_rank", std::filesystem::file_size(mine)}};
+}
+
+StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<amplab::dist::Communicator> comm, torch::Device device,
+                     const std::string& checkpoint_dir, nlohmann::json& checkpoint) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
   auto dtype = [](zero_lab::FsdpDtype d) { return d == zero_lab::FsdpDtype::bfloat16 ? torch::kBFloat16 : torch::kFloat32; };
@@ -177,7 +194,96 @@ StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
       [&] { model.step(); });
   run.state_bytes = model.state_bytes();
   measure_memory(run, device, start);
+  if (!checkpoint_dir.empty()) checkpoint = checkpoint_round_trip(config, comm, device, model, checkpoint_dir);
   return run;
+}
+
+// Rank 0's run directory for ZeRO-3's checkpoint, on every rank ("" without a run directory):
+// each rank writes its part there (one machine, or a file system the ranks share).
+std::string shared_checkpoint_dir(ZeroLab& lab, const std::shared_ptr<amplab::dist::Communicator>& comm) {
+  const std::string dir =
+      amplab::dist::loop_hooks(comm).from_main(lab.run.enabled() ? lab.run.file("zero3-checkpoint") : std::string());
+  if (!dir.empty() && lab.world.is_main()) std::filesystem::create_directories(dir);
+  comm->barrier();
+  return dir;
+}
+
+struct Stages {
+  StageRun ddp, zero1, zero2, zero3;
+  nlohmann::json checkpoint;  // ZeRO-3's checkpoint round trip (null without a run directory)
+};
+
+// How close the sharded stages' losses came to DDP's.
+struct LossAgreement {
+  double largest = 0;           // over the stages in fp32, which must give DDP's losses
+  double zero3_difference = 0;  // ZeRO-3's alone (in bf16 it only comes close)
+  bool same = false;
+};
+
+// The stages and losses tables, and the summary's keys.
+LossAgreement record_stages(ZeroLab& lab, const Stages& st, int world, int64_t num_params) {
+  const ZeroConfig& config = lab.config;
+  auto& stages = lab.results.table(
+      "stages", {{"stage", "stage"}, {"state_bytes", "optimizer state (bytes, this rank)", decimals(0)},
+                 {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
+                 {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
+                 {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
+  const std::pair<const char*, const StageRun*> rows[] = {
+      {"ddp", &st.ddp}, {"zero-1", &st.zero1}, {"zero-2", &st.zero2},
+      {config.fsdp.fp32() ? "zero-3" : "zero-3 (mixed)", &st.zero3}};
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
+    const StageRun& r = *rows[stage].second;
+    stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
+                r.step_ms, r.losses.back()});
+  }
+  auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
+                                              {"zero_1", "zero-1", decimals(6)}, {"zero_2", "zero-2", decimals(6)},
+                                              {"zero_3", "zero-3", decimals(6)}});
+  LossAgreement agreement;
+  const auto& ddp = st.ddp.losses;
+  for (size_t s = 0; s < ddp.size(); ++s) {
+    losses.add({static_cast<int64_t>(s), ddp[s], st.zero1.losses[s], st.zero2.losses[s], st.zero3.losses[s]});
+    auto relative = [&](const StageRun& r) { return std::abs(ddp[s] - r.losses[s]) / std::max(std::abs(ddp[s]), 1e-12); };
+    agreement.largest = std::max({agreement.largest, relative(st.zero1), relative(st.zero2),
+                                  config.fsdp.fp32() ? relative(st.zero3) : 0.0});
+    agreement.zero3_difference = std::max(agreement.zero3_difference, relative(st.zero3));
+  }
+  agreement.same = agreement.largest <= 1e-4;
+  lab.results.set("world_size", world);
+  lab.results.set("num_params", num_params);
+  lab.results.set("largest_relative_loss_difference", agreement.largest);
+  lab.results.set("losses_match", agreement.same);
+  lab.results.set("checkpoint", st.checkpoint);
+  lab.results.set("fsdp", {{"param_dtype", amplab::enum_to_string(config.fsdp.param_dtype)},
+                           {"reduce_dtype", amplab::enum_to_string(config.fsdp.reduce_dtype)},
+                           {"largest_relative_loss_difference", agreement.zero3_difference}});
+  return agreement;
+}
+
+// Rank 0's console: the stages table, whether the losses agree, the checkpoint's round trip.
+void print_summary(ZeroLab& lab, const Stages& st, const LossAgreement& agreement, int world, const std::string& backend,
+                   int64_t num_params) {
+  const ZeroConfig& config = lab.config;
+  lab.results.print("stages", "DDP and ZeRO-1, 2 and 3 on " + std::to_string(world) + " rank(s), " + backend + ", MLP " +
+                                  std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
+                                  "), " + std::to_string(num_params) + " parameters",
+                    "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
+                    "optimizer_state (fp32, stage 0 for ddp, 1-3 for zero-1 to zero-3) and its total; held: what the "
+                    "CUDA allocator holds for the stage after training (model, gradients, optimizer), peak: its "
+                    "largest while training (activations too), both '-' on the CPU; ms/step: median after " +
+                        std::to_string(config.train.warmup) + " steps\n");
+  std::cout << "losses of " << (config.fsdp.fp32() ? "ZeRO-1, 2, 3" : "ZeRO-1, 2") << " and DDP "
+            << (agreement.same ? "match" : "DIFFER") << " (largest relative difference "
+            << amplab::fixed(agreement.largest, 9) << " over " << st.ddp.losses.size() << " steps)\n";
+  if (!config.fsdp.fp32())
+    std::cout << "ZeRO-3 in " << amplab::enum_to_string(config.fsdp.param_dtype) << " (reduced in "
+              << amplab::enum_to_string(config.fsdp.reduce_dtype) << "): largest relative loss difference from DDP's fp32 "
+              << amplab::fixed(agreement.zero3_difference, 6) << "\n";
+  if (!st.checkpoint.is_null())
+    std::cout << "ZeRO-3's sharded checkpoint: " << world << " file(s) of " << st.checkpoint["bytes_per_rank"].get<int64_t>()
+              << " bytes in " << st.checkpoint["dir"].get<std::string>() << "; loaded into a new model: "
+              << (st.checkpoint["restored_to_the_bit"].get<bool>() ? "the same bits" : "DIFFERENT values") << "\n";
 }
 
 int run_rank(ZeroLab& lab) {
@@ -192,66 +298,23 @@ int run_rank(ZeroLab& lab) {
   // cuBLAS allocates its workspace through the CUDA allocator at the first matmul: here, so that
   // the first stage's memory does not count it.
   torch::mm(torch::ones({8, 8}, lab.device), torch::ones({8, 8}, lab.device));
+  Stages st;
   lab.phase("ddp");
-  const StageRun ddp = train_ddp(config, *comm, lab.device);
+  st.ddp = train_ddp(config, *comm, lab.device);
   lab.phase("zero-1");
-  const StageRun zero1 = train_zero1(config, comm, lab.device);
+  st.zero1 = train_zero1(config, comm, lab.device);
   lab.phase("zero-2");
-  const StageRun zero2 = train_zero2(config, comm, lab.device);
+  st.zero2 = train_zero2(config, comm, lab.device);
   lab.phase("zero-3");
-  const StageRun zero3 = train_zero3(config, comm, lab.device);
+  st.zero3 = train_zero3(config, comm, lab.device, shared_checkpoint_dir(lab, comm), st.checkpoint);
   lab.phase("");
 
-  auto& stages = lab.results.table(
-      "stages", {{"stage", "stage"}, {"state_bytes", "optimizer state (bytes, this rank)", decimals(0)},
-                 {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
-                 {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
-                 {"step_ms", "ms/step", decimals(3)}, {"final_loss", "final loss", decimals(6)}});
-  const std::pair<const char*, const StageRun*> rows[] = {
-      {"ddp", &ddp}, {"zero-1", &zero1}, {"zero-2", &zero2}, {config.fsdp.fp32() ? "zero-3" : "zero-3 (mixed)", &zero3}};
-  for (int stage = 0; stage < 4; ++stage) {
-    const auto estimate = zero_lab::estimate_memory(num_params, world, stage, /*mixed_precision=*/false);
-    const StageRun& r = *rows[stage].second;
-    stages.add({rows[stage].first, r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
-                r.step_ms, r.losses.back()});
-  }
-  auto& losses = lab.results.table("losses", {{"step", "step", decimals(0)}, {"ddp", "ddp", decimals(6)},
-                                              {"zero_1", "zero-1", decimals(6)}, {"zero_2", "zero-2", decimals(6)}, {"zero_3", "zero-3", decimals(6)}});
-  // The stages in fp32 must give DDP's losses; ZeRO-3 in bf16 (fsdp.param_dtype) only comes close.
-  const bool zero3_fp32 = config.fsdp.fp32();
-  double largest = 0, zero3_difference = 0;
-  for (size_t s = 0; s < ddp.losses.size(); ++s) {
-    losses.add({static_cast<int64_t>(s), ddp.losses[s], zero1.losses[s], zero2.losses[s], zero3.losses[s]});
-    auto relative = [&](const StageRun& r) { return std::abs(ddp.losses[s] - r.losses[s]) / std::max(std::abs(ddp.losses[s]), 1e-12); };
-    largest = std::max({largest, relative(zero1), relative(zero2), zero3_fp32 ? relative(zero3) : 0.0});
-    zero3_difference = std::max(zero3_difference, relative(zero3));
-  }
-  const bool same = largest <= 1e-4;
-  lab.results.set("world_size", world);
+  const LossAgreement agreement = record_stages(lab, st, world, num_params);
   lab.results.set("backend", comm->backend());
-  lab.results.set("num_params", num_params);
-  lab.results.set("largest_relative_loss_difference", largest);
-  lab.results.set("losses_match", same);
-  lab.results.set("fsdp", {{"param_dtype", amplab::enum_to_string(config.fsdp.param_dtype)},
-                           {"reduce_dtype", amplab::enum_to_string(config.fsdp.reduce_dtype)},
-                           {"largest_relative_loss_difference", zero3_difference}});
+  const bool restored = st.checkpoint.is_null() || st.checkpoint["restored_to_the_bit"].get<bool>();
   comm->shutdown();
-  if (!lab.world.is_main()) return same ? amplab::kExitOk : amplab::kExitFailure;
-  lab.results.print("stages", "DDP and ZeRO-1, 2 and 3 on " + std::to_string(world) + " rank(s), " + comm->backend() + ", MLP " +
-                                  std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
-                                  "), " + std::to_string(num_params) + " parameters",
-                    "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
-                    "optimizer_state (fp32, stage 0 for ddp, 1-3 for zero-1 to zero-3) and its total; held: what the CUDA allocator holds for the "
-                    "stage after training (model, gradients, optimizer), peak: its "
-                    "largest while training (activations too), both '-' on the CPU; ms/step: median after " +
-                    std::to_string(config.train.warmup) + " steps\n");
-  std::cout << "losses of " << (zero3_fp32 ? "ZeRO-1, 2, 3" : "ZeRO-1, 2") << " and DDP " << (same ? "match" : "DIFFER")
-            << " (largest relative difference " << amplab::fixed(largest, 9) << " over " << ddp.losses.size() << " steps)\n";
-  if (!zero3_fp32)
-    std::cout << "ZeRO-3 in " << amplab::enum_to_string(config.fsdp.param_dtype) << " (reduced in "
-              << amplab::enum_to_string(config.fsdp.reduce_dtype)
-              << "): largest relative loss difference from DDP's fp32 " << amplab::fixed(zero3_difference, 6) << "\n";
-  return same ? amplab::kExitOk : amplab::kExitFailure;
+  if (lab.world.is_main()) print_summary(lab, st, agreement, world, comm->backend(), num_params);
+  return agreement.same && restored ? amplab::kExitOk : amplab::kExitFailure;
 }
 
 }  // namespace

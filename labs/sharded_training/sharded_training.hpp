@@ -30,6 +30,7 @@
 //   estimate_memory       bytes per rank of each part of the training state        (TODO sharded_training-3)
 //   ShardedGradientsAdamW ZeRO-2: each bucket reduce-scattered as backward finishes it (TODO sharded_training-4)
 //   FullyShardedMlp       ZeRO-3: each layer gathered for its forward and backward, then freed (TODO sharded_training-5)
+//   save_sharded, load_sharded  ZeRO-3's checkpoint: each rank writes and reads its own shards (TODO sharded_training-6)
 #pragma once
 
 #include <torch/types.h>
@@ -37,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "amplab/dist/communicator.hpp"
@@ -212,6 +214,7 @@ class FullyShardedMlp {
   std::vector<Unit>& units() { return units_; }
   amplab::dist::Communicator& communicator() { return *comm_; }
   int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }  // a checkpoint's count, when one is loaded
   int64_t state_bytes() const;   // the moments
   int64_t shard_bytes() const;   // the parameters' shards
 
@@ -231,6 +234,15 @@ class FullyShardedMlp {
 // TODO(sharded_training-5): y = x W^T + b for unit u of `model`, ZeRO-3's way: the whole
 // parameters exist only while this layer computes, in forward and again in backward.
 torch::Tensor sharded_linear(FullyShardedMlp& model, size_t u, const torch::Tensor& x);
+
+// TODO(sharded_training-6): a sharded checkpoint of `model` in directory `dir` (it exists):
+// each rank writes only what it holds, its units' shards and moments and the step count, to a
+// safetensors file of its own, and returns once every rank's file is complete.
+void save_sharded(FullyShardedMlp& model, const std::string& dir);
+// TODO(sharded_training-6): the training state save_sharded wrote, each rank reading its own
+// file. A checkpoint of another world size, or a file that does not fit the model, is an
+// amplab::Error naming the file and what differs, and leaves the model as it was.
+void load_sharded(FullyShardedMlp& model, const std::string& dir);
 
 // Bytes one rank holds of each part of the training state of a model of `num_params`
 // parameters trained with AdamW on `world_size` ranks.

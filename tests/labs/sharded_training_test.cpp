@@ -5,11 +5,13 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 
 #include "forwarding_communicator.hpp"
 #include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
+#include "amplab/state/safetensors.hpp"
 #include "sharded_training.hpp"
 
 namespace {
@@ -552,6 +554,101 @@ TEST(ShardedTraining5_Fsdp_Alone, AStepWithoutABackwardIsAnErrorNamingTheUnit) {
   } catch (const amplab::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unit 0"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------- TODO(sharded_training-6): the sharded checkpoint
+
+// Trains `steps` ZeRO-3 steps on `world_size` ranks; with `save_after` >= 0, saves into `dir`
+// after that many steps and goes on from a new model loaded from it. Returns each rank's
+// parameters and moments at the end, flat.
+std::vector<torch::Tensor> zero3_with_checkpoint(int world_size, int steps, int save_after, const std::string& dir) {
+  std::mutex mutex;
+  std::vector<torch::Tensor> ends(world_size);
+  auto errors = run_ranks(world_size, [&](std::shared_ptr<dist::Communicator> comm) {
+    auto model = std::make_unique<zero_lab::FullyShardedMlp>(test_network(), comm, adamw_options());
+    for (int s = 0; s < steps; ++s) {
+      if (s == save_after) {
+        zero_lab::save_sharded(*model, dir);
+        model = std::make_unique<zero_lab::FullyShardedMlp>(test_network(), comm, adamw_options());
+        zero_lab::load_sharded(*model, dir);
+        ASSERT_EQ(model->steps(), s) << "the step count comes back with the checkpoint";
+      }
+      auto [x, y] = global_batch(world_size, s);
+      torch::mse_loss(model->forward(x.narrow(0, 4 * comm->rank(), 4)), y.narrow(0, 4 * comm->rank(), 4)).backward();
+      model->step();
+    }
+    std::vector<torch::Tensor> state{model->full_parameters()};
+    for (const auto& unit : model->units()) state.insert(state.end(), {unit.exp_avg, unit.exp_avg_sq});
+    std::lock_guard<std::mutex> lock(mutex);
+    ends[comm->rank()] = torch::cat(state);
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return ends;
+}
+
+TEST(ShardedTraining6_Checkpoint, ResumingOnTheSameRanksContinuesToTheBit) {
+  test::TempDir dir;
+  const auto straight = zero3_with_checkpoint(2, 3, -1, "");
+  const auto resumed = zero3_with_checkpoint(2, 3, 2, dir.path().string());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(straight[r].defined() && resumed[r].defined()) << "rank " << r << " did not finish";
+    EXPECT_TRUE(torch::equal(straight[r], resumed[r]))
+        << "rank " << r << ": 2 steps, a checkpoint, a new model loaded from it and 1 step must give the bits of 3 "
+        << "steps straight (parameters, both moments, and the step count AdamW's bias correction uses)";
+  }
+}
+
+TEST(ShardedTraining6_Checkpoint, EachRankWritesOnlyItsOwnShards) {
+  test::TempDir dir;
+  zero3_with_checkpoint(2, 2, 1, dir.path().string());
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) files.push_back(entry.path().filename().string());
+  ASSERT_EQ(files.size(), 2u) << "one file per rank";
+  int64_t held = 0;  // what one rank holds: 3 tensors (shard, two moments) of each unit's shard
+  for (int64_t numel : {36, 21}) held += 3 * dist::shard_numel(numel, 2);
+  for (const auto& f : files) {
+    const auto saved = amplab::load_safetensors(dir.file(f));
+    int64_t numel = 0;
+    for (const auto& [name, t] : saved.tensors) numel += t.numel();
+    EXPECT_EQ(numel, held) << f << ": a rank's file holds its shards and their moments, not the whole model";
+  }
+}
+
+TEST(ShardedTraining6_Checkpoint, AnotherWorldSizeIsRefusedAndLeavesTheModelAsItWas) {
+  test::TempDir dir;
+  zero3_with_checkpoint(2, 2, 1, dir.path().string());  // two files, of 2 ranks
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  const auto before = model.full_parameters();
+  try {
+    zero_lab::load_sharded(model, dir.path().string());
+    FAIL() << "a checkpoint of 2 ranks loaded into 1 must be an amplab::Error";
+  } catch (const amplab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.path().string()), std::string::npos) << "the error names the checkpoint: " << e.what();
+  }
+  EXPECT_TRUE(torch::equal(model.full_parameters(), before)) << "a refused checkpoint changes nothing";
+  EXPECT_EQ(model.steps(), 0);
+}
+
+TEST(ShardedTraining6_Checkpoint, ATensorOfAnotherShapeIsRefusedBeforeAnythingIsCopied) {
+  test::TempDir dir;
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  zero_lab::FullyShardedMlp saved(test_network(), comm, adamw_options());
+  zero_lab::save_sharded(saved, dir.path().string());
+  // The same file, its last unit's second moment one element short.
+  const std::string file = dir.file("rank-0-of-1.safetensors");
+  auto on_disk = amplab::load_safetensors(file);
+  auto& last = on_disk.tensors.back().second;
+  last = last.narrow(0, 0, last.numel() - 1).clone();
+  amplab::save_safetensors(file, on_disk.tensors, on_disk.metadata);
+  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  {
+    torch::NoGradGuard no_grad;
+    model.units()[0].shard.add_(1);  // so that a copy of the file's first tensor would show
+  }
+  const auto before = model.full_parameters();
+  EXPECT_THROW(zero_lab::load_sharded(model, dir.path().string()), amplab::Error);
+  EXPECT_TRUE(torch::equal(model.full_parameters(), before)) << "the first units were copied before the bad one was seen";
 }
 
 // ---------------------------------------------------------------- TODO(sharded_training-3): memory per rank
