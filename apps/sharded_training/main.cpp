@@ -183,8 +183,8 @@ StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<amplab::dist::Com
                      const std::string& checkpoint_dir, nlohmann::json& checkpoint) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
-  auto dtype = [](zero_lab::FsdpDtype d) { return d == zero_lab::FsdpDtype::bfloat16 ? torch::kBFloat16 : torch::kFloat32; };
-  const zero_lab::ShardedPrecision precision{dtype(config.fsdp.param_dtype), dtype(config.fsdp.reduce_dtype)};
+  const zero_lab::ShardedPrecision precision{zero_lab::ZeroFsdpConfig::scalar_type(config.fsdp.param_dtype),
+                                             zero_lab::ZeroFsdpConfig::scalar_type(config.fsdp.reduce_dtype)};
   zero_lab::FullyShardedMlp model(make_mlp(config, device), comm, adamw_options(config), /*prefetch=*/true, precision);
   // The model is made whole and then cut into shards (FSDP initializes layer by layer, or on the
   // meta device): the peak that matters is training's, from here.

@@ -1,6 +1,8 @@
 // The sharded_training lab's config: the keys of configs/sharded_training.yaml and what each means.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -48,6 +50,7 @@ struct ZeroFsdpConfig {
   FsdpDtype param_dtype = FsdpDtype::float32, reduce_dtype = FsdpDtype::float32;
 
   bool fp32() const { return param_dtype == FsdpDtype::float32 && reduce_dtype == FsdpDtype::float32; }
+  static torch::ScalarType scalar_type(FsdpDtype d) { return d == FsdpDtype::bfloat16 ? torch::kBFloat16 : torch::kFloat32; }
   template <class V>
   void fields(V& v) {
     v.field("param_dtype", param_dtype, "ZeRO-3's all-gathers and layer compute (its shards and step stay float32)");

@@ -215,8 +215,7 @@ class FullyShardedMlp {
   amplab::dist::Communicator& communicator() { return *comm_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }  // a checkpoint's count, when one is loaded
-  int64_t state_bytes() const;   // the moments
-  int64_t shard_bytes() const;   // the parameters' shards
+  int64_t state_bytes() const;  // the moments
 
  private:
   torch::nn::Sequential mlp_;          // the non-Linear layers run from it; its Linears hold no parameters

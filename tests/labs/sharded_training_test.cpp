@@ -280,6 +280,15 @@ std::vector<Zero2End> zero2_ends(int world_size, int steps) {
   return ends;
 }
 
+// Rank `rank`'s shard of the whole-batch gradient's elements [begin, begin + numel) (one bucket or
+// unit, its own flat buffer padded for `world_size` ranks): what that rank's grad_shard must hold.
+torch::Tensor expected_grad_shard(const torch::Tensor& whole, int64_t begin, int64_t numel, int world_size, int rank) {
+  const int64_t shard = dist::shard_numel(numel, world_size);
+  auto padded = torch::zeros({shard * world_size});
+  padded.narrow(0, 0, numel).copy_(whole.narrow(0, begin, numel));
+  return padded.narrow(0, rank * shard, shard);
+}
+
 class ShardedTraining4_Zero2 : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShardedTraining4_Zero2, EveryRankEndsWithTorchsAdamWOnTheWholeBatch) {
@@ -306,10 +315,8 @@ TEST_P(ShardedTraining4_Zero2, EachRankKeepsOnlyItsShardOfTheMeanGradient) {
         << "rank " << r << ": after backward the parameters still hold whole gradients (free each .grad once its "
         << "bucket's reduce-scatter has started)";
     for (int b = 0; b < 2; ++b) {
-      const int64_t shard = dist::shard_numel(buckets[b].second, world_size);
-      auto padded = torch::zeros({shard * world_size});
-      padded.narrow(0, 0, buckets[b].second).copy_(whole.narrow(0, buckets[b].first, buckets[b].second));
-      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[b], padded.narrow(0, r * shard, shard), 1e-5, 1e-7))
+      const auto expected = expected_grad_shard(whole, buckets[b].first, buckets[b].second, world_size, r);
+      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[b], expected, 1e-5, 1e-7))
           << "rank " << r << ", bucket " << b << ": the gradient shard is not the mean over the ranks of its chunk";
     }
   }
@@ -463,10 +470,8 @@ TEST_P(ShardedTraining5_Fsdp, NoLayerStaysWholeAndEachRankGetsItsShardOfTheMeanG
         << "them again in backward";
     EXPECT_EQ(ends[r].whole_after_backward, 0) << "rank " << r << ": after backward, whole layers are still alive";
     for (int u = 0; u < 2; ++u) {
-      const int64_t shard = dist::shard_numel(units[u].second, world_size);
-      auto padded = torch::zeros({shard * world_size});
-      padded.narrow(0, 0, units[u].second).copy_(whole.narrow(0, units[u].first, units[u].second));
-      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[u], padded.narrow(0, r * shard, shard), 1e-5, 1e-7))
+      const auto expected = expected_grad_shard(whole, units[u].first, units[u].second, world_size, r);
+      EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[u], expected, 1e-5, 1e-7))
           << "rank " << r << ", unit " << u << ": grad_shard is not the mean over the ranks of its chunk";
     }
   }

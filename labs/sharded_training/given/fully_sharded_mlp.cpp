@@ -109,10 +109,4 @@ int64_t FullyShardedMlp::state_bytes() const {
   return bytes;
 }
 
-int64_t FullyShardedMlp::shard_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& unit : units_) bytes += unit.shard.nbytes();
-  return bytes;
-}
-
 }  // namespace zero_lab
