@@ -37,6 +37,9 @@ import amplab_rubric as rubric  # noqa: E402
 
 LAB = "amp_training"
 FILE = "grad_scaler.cpp"
+# What a case submits and is graded on: the lab, the student's file, the TODO. Most cases attack
+# amp_training's TODO 1; a case names another target as a fourth element of its CASES entry.
+DEFAULT_TARGET = {"lab": LAB, "file": FILE, "todo": "amp_training-1"}
 HOLE = '  AMPLAB_TODO("amp_training-1");\n'
 SCALE_BODY = """  if (!enabled_) return loss;
   if (!scale_.defined()) {
@@ -328,6 +331,29 @@ CASES["given code of its own"] = (starter_text(), "zero",
                                   "variant in the course's checkout) and another, marked with a TODO, in starter/<lab>/")
 
 
+# A lab whose rubric allows sockets (sharded_training: its ranks meet over the loopback) lets the
+# course's communicator open them, inside a network namespace of the test's own; the student's
+# code still may not call socket functions itself. Honest code that also phones the machine's
+# loopback is refused like any other forbidden call, and reaches nothing.
+PHONE_HOME = r"""
+  {
+    int sock = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(PORT);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    if (sock >= 0 && connect(sock, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) (void)!write(sock, "LEAK", 4);
+    if (sock >= 0) close(sock);
+  }
+"""
+SOCKETS_LAB = {"lab": "sharded_training", "file": "sharding.cpp", "todo": "sharded_training-1"}
+_LAYOUT_OPENS = "FlatLayout flat_layout(const std::vector<torch::Tensor>& params, int world_size) {\n"
+CASES["a lab that allows sockets phones home"] = (
+    INCLUDES + (ROOT / "solution" / "sharded_training" / "sharding.cpp").read_text().replace(
+        _LAYOUT_OPENS, _LAYOUT_OPENS + PHONE_HOME),
+    REFUSED, "honest code of a lab whose tests may open sockets connects to a server on the machine's loopback",
+    SOCKETS_LAB)
+
 def secret_lines():
     """Lines of solution/ fences and hidden tests long enough to be telling."""
     lines = set()
@@ -402,15 +428,17 @@ class Listener:
                 pass
 
 
-def run_case(name, source, kind, tests, secrets, work, listener, autograder=None):
-    """Grades one case: with this checkout's scripts/grade (TODO 1 only), or as Gradescope runs its
-    zip (`autograder`: the folder standing in for /autograder, every test of the lab)."""
+def run_case(name, source, kind, target, secrets, work, listener, autograder=None):
+    """Grades one case: with this checkout's scripts/grade (the target's TODO only), or as Gradescope
+    runs its zip (`autograder`: the folder standing in for /autograder, every test of the lab)."""
+    lab, todo = target["lab"], target["todo"]
+    tests = [t for t in rubric.load_lab_rubric(ROOT, lab) if t.todo == todo]
     root = autograder if autograder else work
     submission = root / "submission"
     if submission.exists():
         shutil.rmtree(submission)
-    (submission / "starter" / LAB).mkdir(parents=True)
-    (submission / "starter" / LAB / FILE).write_text(source.replace("PORT", str(listener.port)))
+    (submission / "starter" / lab).mkdir(parents=True)
+    (submission / "starter" / lab / target["file"]).write_text(source.replace("PORT", str(listener.port)))
     for path, text in EXTRA_FILES.get(name, {}).items():
         (submission / path).parent.mkdir(parents=True, exist_ok=True)
         (submission / path).write_text(text)
@@ -424,8 +452,8 @@ def run_case(name, source, kind, tests, secrets, work, listener, autograder=None
                                timeout=3600, env=env, stdin=subprocess.DEVNULL)
     else:
         out = work / "out"
-        grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(submission), "--lab", LAB,
-                                "--todo", "amp_training-1", "--out", str(out), "--gpus", "0"],
+        grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(submission), "--lab", lab,
+                                "--todo", todo, "--out", str(out), "--gpus", "0"],
                                capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
     problems = []
@@ -434,7 +462,7 @@ def run_case(name, source, kind, tests, secrets, work, listener, autograder=None
         return [f"no results.json (grade exit {grade.returncode}): {grade.stderr[-500:]}"], seconds
     results = json.loads(results_path.read_text())
     if autograder:  # every test of the lab: TODO 1's share must be what the case earns, the rest 0 or full
-        results["score"] = sum(t["score"] for t in results["tests"] if "amp_training-1" in t.get("tags", []))
+        results["score"] = sum(t["score"] for t in results["tests"] if todo in t.get("tags", []))
     want = expected_score(kind, tests)
     if abs(results["score"] - want) > 1e-9:
         problems.append(f"score {results['score']:g}, expected {want:g}")
@@ -470,7 +498,7 @@ def main() -> int:
                         "holds setup.sh and run_autograder, run as Gradescope runs them)")
     args = parser.parse_args()
     if args.list:
-        for name, (_, kind, what) in CASES.items():
+        for name, (_, kind, what, *_) in CASES.items():
             print(f"{name}: {what} (score: {kind if isinstance(kind, str) else 'full minus ' + ', '.join(kind[1])})")
         return 0
     if os.geteuid() != 0:
@@ -482,15 +510,15 @@ def main() -> int:
     global CHECKOUT
     if args.autograder:
         CHECKOUT = pathlib.Path(args.autograder).resolve() / "source" / "amplab"
-    tests = [t for t in rubric.load_lab_rubric(ROOT, LAB) if t.todo == "amp_training-1"]
     secrets = secret_lines()
     failed = 0
     listener = Listener()
     chosen = {n: c for n, c in CASES.items() if not args.only or any(o in n for o in args.only.split(","))}
-    for name, (source, kind, what) in chosen.items():
+    for name, (source, kind, what, *target) in chosen.items():
         listener.reached = False
         with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
-            problems, seconds = run_case(name, source, kind, tests, secrets, pathlib.Path(tmp), listener,
+            problems, seconds = run_case(name, source, kind, target[0] if target else DEFAULT_TARGET, secrets,
+                                         pathlib.Path(tmp), listener,
                                          pathlib.Path(args.autograder).resolve() if args.autograder else None)
         status = "ok" if not problems else "FAIL"
         failed += bool(problems)
