@@ -6,9 +6,12 @@ each rank steps its parameters' share and broadcasts it), then under FSDP2 (full
 Linear and on the root, fp32, fused AdamW over the sharded parameters: ZeRO-3, PyTorch's default
 of prefetching one layer ahead). Launch with torchrun:
     torchrun --standalone --nproc-per-node 2 bench/sharded_reference.py [--width 8192 --layers 4]
+        [--memory-cap-mib 4096] [--fsdp-param-dtype bfloat16]
 Prints on rank 0, per setting: the optimizer state this rank holds, what the CUDA allocator holds
-after training (model, gradients, optimizer) and its peak, and the median ms per step after the
-warm-up (CUDA events around forward, backward and the step)."""
+after training (model, gradients, optimizer) and its peak, the median ms per step after the
+warm-up (CUDA events around forward, backward and the step) and the samples per second of all
+ranks. With a memory cap (the lab's memory.cap_mib: torch.cuda.set_per_process_memory_fraction), a
+setting that runs out of memory says so and the next one runs."""
 import argparse
 import gc
 import os
@@ -16,7 +19,7 @@ import statistics
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -38,10 +41,13 @@ def run(setting, args, device):
     start = torch.cuda.memory_allocated(device)
     if setting == "fsdp2":
         model = mlp(args.width, args.layers, device)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+        policy = MixedPrecisionPolicy(param_dtype=dtype[args.fsdp_param_dtype],
+                                      reduce_dtype=dtype[args.fsdp_reduce_dtype], output_dtype=torch.float32)
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+                fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         torch.cuda.reset_peak_memory_stats(device)  # the whole model was made first, as the lab does
     else:
         model = DistributedDataParallel(mlp(args.width, args.layers, device), device_ids=[device.index])
@@ -71,7 +77,20 @@ def run(setting, args, device):
     state_bytes = sum(local_bytes(t) for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
     held = torch.cuda.memory_allocated(device) - start
     peak = torch.cuda.max_memory_allocated(device) - start
-    return state_bytes, held, peak, statistics.median(times)
+    ms = statistics.median(times)
+    return state_bytes, held, peak, ms, 1000 * args.batch * world / ms
+
+
+def run_or_out_of_memory(setting, args, device):
+    """run()'s row, or None when this setting ran out of memory (every rank does, at the same
+    allocation: they hold the same shapes)."""
+    try:
+        return run(setting, args, device)
+    except torch.OutOfMemoryError:
+        pass
+    gc.collect()
+    torch.cuda.empty_cache()
+    return None
 
 
 def main():
@@ -81,18 +100,30 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--memory-cap-mib", type=int, default=0, help="per rank (0: the whole GPU)")
+    parser.add_argument("--fsdp-param-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--fsdp-reduce-dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    rows = [(setting, *run(setting, args, device)) for setting in ("ddp", "zero-1", "fsdp2")]
+    if args.memory_cap_mib:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.memory_cap_mib * 2**20 / total, device)
+    rows = [(setting, run_or_out_of_memory(setting, args, device)) for setting in ("fsdp2", "ddp", "zero-1")]
     if dist.get_rank() == 0:
+        cap = f", capped at {args.memory_cap_mib} MiB per rank" if args.memory_cap_mib else ""
         print(f"PyTorch {torch.__version__}: MLP {args.layers} x Linear({args.width}), batch {args.batch} per rank, "
-              f"{dist.get_world_size()} rank(s), fp32")
-        print(f"{'setting':8} {'state (bytes)':>14} {'held (bytes)':>14} {'peak (bytes)':>14} {'ms/step':>9}")
-        for setting, state, held, peak, ms in rows:
-            print(f"{setting:8} {state:14d} {held:14d} {peak:14d} {ms:9.3f}")
+              f"{dist.get_world_size()} rank(s), fp32 (FSDP2 computes in {args.fsdp_param_dtype}, reduces in "
+              f"{args.fsdp_reduce_dtype}){cap}")
+        print(f"{'setting':8} {'state (bytes)':>14} {'held (bytes)':>14} {'peak (bytes)':>14} {'ms/step':>9} {'samples/s':>10}")
+        for setting, row in rows:
+            if row is None:
+                print(f"{setting:8} out of memory")
+            else:
+                state, held, peak, ms, samples = row
+                print(f"{setting:8} {state:14d} {held:14d} {peak:14d} {ms:9.3f} {samples:10.0f}")
     dist.destroy_process_group()
 
 

@@ -58,12 +58,25 @@ struct ZeroFsdpConfig {
   }
 };
 
+struct ZeroMemoryConfig {
+  int64_t cap_mib = 0;
+
+  template <class V>
+  void fields(V& v) {
+    v.field("cap_mib", cap_mib,
+            "caps what each rank's CUDA allocator may hold, in MiB (0: the whole GPU): a stage that needs more "
+            "is reported out of memory and the next stage still runs (GPU only)",
+            amplab::Range<int64_t>::at_least(0));
+  }
+};
+
 struct ZeroConfig {
   amplab::RunConfig run;
   amplab::dist::ProcessGroupConfig dist;
   ZeroModelConfig model;
   ZeroTrainConfig train;
   ZeroFsdpConfig fsdp;
+  ZeroMemoryConfig memory;
 
   template <class V>
   void fields(V& v) {
@@ -72,6 +85,7 @@ struct ZeroConfig {
     v.section("model", model);
     v.section("train", train);
     v.section("fsdp", fsdp);
+    v.section("memory", memory);
   }
 };
 

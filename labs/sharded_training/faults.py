@@ -1,6 +1,7 @@
 """The sharded_training lab's fault cases, which tests/faults/sweep.py loads (see its docstring):
 Ctrl-C and SIGTERM in a training step, alone and on two CPU ranks, where every rank must stop
-after the same step (a rank that stopped alone would leave the other waiting in a collective).
+after the same step (a rank that stopped alone would leave the other waiting in a collective);
+a GPU memory cap asked of the CPU.
 
 Instructor-only: scripts/make-handout leaves labs/*/faults.py out of hand-outs.
 """
@@ -11,6 +12,8 @@ from sweep import Case, run_stopped_at, stopped_well  # tests/faults/sweep.py, w
 
 LONG_RUN = ["--set", "run.device=cpu", "--set", "model.width=64", "--set", "train.steps=1000000"]
 STOP = {"settings": LONG_RUN, "after": r"the MLP has \d+ parameters", "when": "in a training step"}
+# A memory cap where there is no GPU to cap: refused, naming the key.
+BEYOND_THE_MACHINE = [("memory.cap_mib=4096", ["memory.cap_mib", "set it to 0"], "memory.cap_mib=4096 on the CPU")]
 
 
 def cases(ctx):

@@ -208,7 +208,7 @@ class FullyShardedMlp {
   // TODO(sharded_training-5): AdamW on every unit's shard with its grad_shard.
   void step();
 
-  void zero_grad();  // given: nothing to clear (each backward's reduce-scatters overwrite grad_shard)
+  void zero_grad();  // given: forgets the last backward's reduce-scatter (each overwrites its grad_shard)
   // Given, a collective: every parameter whole, flat and in the model's order (for checks).
   torch::Tensor full_parameters();
   std::vector<Unit>& units() { return units_; }
@@ -226,6 +226,7 @@ class FullyShardedMlp {
   bool prefetch_ = true;
   ShardedPrecision precision_;
   int64_t steps_ = 0;
+  std::shared_ptr<amplab::dist::Work> last_reducing_;  // the last reduce-scatter started (step() waits for it)
 
   torch::Tensor start_gather(Unit& unit);  // a new whole buffer and its all-gather
 };

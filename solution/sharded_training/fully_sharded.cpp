@@ -76,7 +76,8 @@ torch::autograd::tensor_list ShardedLinearFunction::backward(torch::autograd::Au
   torch::Tensor dx;
   if (ctx->needs_input_grad(0)) dx = g.mm(whole.narrow(0, 0, weight_numel).view({unit.out, unit.in}));
   torch::Tensor whole_gradient = torch::zeros({unit.layout.padded_numel()}, g.options());
-  whole_gradient.narrow(0, 0, weight_numel).view({unit.out, unit.in}).copy_(g.t().mm(x));
+  torch::Tensor weight_gradient = whole_gradient.narrow(0, 0, weight_numel).view({unit.out, unit.in});
+  torch::mm_out(weight_gradient, g.t(), x);  // straight into the buffer: no second whole-sized temporary
   whole_gradient.narrow(0, weight_numel, unit.out).copy_(g.sum(0));
   model->reduce_scatter_gradient(u, whole_gradient);
   return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};

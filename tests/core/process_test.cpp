@@ -306,6 +306,36 @@ TEST(LabOutputs, TheAmpLabsDtypeCensusIsPyTorchsAutocastOnTheGpu_CUDA) {
   expect_census_as_pytorchs("cuda");
 }
 
+// The sharded lab on 3 CPU ranks (a shard that does not divide evenly), as a student reads it in
+// summary.json: each stage's collectives send what the formula says a rank must (ZeRO-3 half as
+// much again as DDP: every layer gathered for forward and again for backward, reduce-scattered
+// once), within the shards' padding; the losses agree; ZeRO-3's checkpoint comes back to the bit.
+TEST(LabOutputs, TheShardedLabSendsWhatTheFormulaSaysAndItsCheckpointComesBack) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run({lab_binary("amplab-run"), "--nproc-per-node", "3", "--", lab_binary("sharded_training"), "--set",
+                       "run.device=cpu", "--set", "model.width=52", "--set", "model.layers=3", "--set", "train.steps=4",
+                       "--set", "train.warmup=1", "--set", "run.out_dir=" + dir.file("runs")},
+                      &out),
+            0)
+      << out;
+  const auto run = std::filesystem::directory_iterator(dir.file("runs/sharded_training"))->path();
+  const auto summary = nlohmann::json::parse(read_file((run / "summary.json").string()));
+  const auto& stages = summary.at("stages");
+  ASSERT_EQ(stages.size(), 4u) << stages;
+  const double num_params = 3 * (52 * 52 + 52), padding_per_unit = 1;  // 2756 elements per Linear: 919 x 3 - 1
+  for (const auto& stage : stages) {
+    EXPECT_EQ(stage.at("outcome"), "trained") << stage;
+    const double sent = stage.at("sent_bytes"), expected = stage.at("expected_sent_bytes");
+    EXPECT_GE(sent, expected - 1e-6) << stage;
+    EXPECT_LE(sent, expected + 3 * 3 * padding_per_unit * 4) << stage;  // at most 3 collectives of 3 units' padding
+  }
+  EXPECT_NEAR(stages[0].at("expected_sent_bytes").get<double>(), 2.0 / 3 * 2 * 4 * num_params, 1e-6);
+  EXPECT_NEAR(stages[3].at("expected_sent_bytes").get<double>() / stages[0].at("expected_sent_bytes").get<double>(), 1.5, 1e-12);
+  EXPECT_TRUE(summary.at("losses_match").get<bool>()) << summary.at("largest_relative_loss_difference");
+  EXPECT_TRUE(summary.at("checkpoint").at("restored_to_the_bit").get<bool>()) << summary.at("checkpoint");
+}
+
 TEST(BadInput, ARunThatCannotTrainIsRefusedInOneLine) {
   test::TempDir dir;
   write_tiny_dataset(dir);

@@ -27,7 +27,7 @@
 #include "amplab/infra/files.hpp"  // crc32_of, hex32
 #include "amplab/train/precision.hpp"
 #include "ddp_lab.hpp"
-#include "forwarding_communicator.hpp"
+#include "amplab/dist/forwarding_communicator.hpp"
 #include "idx_files.hpp"
 #include "mechanisms.hpp"
 #include "process.hpp"
@@ -230,7 +230,7 @@ int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
 }
 
 // A communicator that records the collectives of the version under test and passes them on.
-class Recorder final : public test::ForwardingCommunicator {
+class Recorder final : public dist::ForwardingCommunicator {
  public:
   Recorder(std::shared_ptr<dist::Communicator> inner, EventLog& log) : ForwardingCommunicator(std::move(inner)), log_(log) {}
   std::shared_ptr<dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "forwarding_communicator.hpp"
+#include "amplab/dist/forwarding_communicator.hpp"
 #include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
 #include "amplab/state/safetensors.hpp"
@@ -224,7 +224,7 @@ std::vector<std::vector<torch::Tensor>> two_buckets(const std::vector<torch::Ten
 }
 
 // Counts the collectives issued; `during_backward` what was issued while a backward ran.
-class CountingCommunicator final : public test::ForwardingCommunicator {
+class CountingCommunicator final : public dist::ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
   std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
@@ -384,7 +384,7 @@ torch::nn::Sequential test_network() {
 
 // Records the collectives in order ("AG 36" for an all-gather of 36 elements, "RS 22" for a
 // reduce-scatter of 22), and the all-gathers' outputs, to tell which are still alive.
-class CollectiveLog final : public test::ForwardingCommunicator {
+class CollectiveLog final : public dist::ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
   std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {

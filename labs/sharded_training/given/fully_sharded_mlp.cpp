@@ -87,11 +87,16 @@ void FullyShardedMlp::reduce_scatter_gradient(size_t u, const torch::Tensor& who
                         std::to_string(unit.layout.padded_numel()));
   if (unit.reducing)
     throw amplab::Error("FullyShardedMlp: unit " + std::to_string(u) + " got a second gradient before step()");
+  // A collective holds its input until it is waited for. Waiting for the previous unit's
+  // reduce-scatter here (the stream waits, not the host) lets its whole gradient go: backward
+  // holds two layers' gradients at a time instead of every layer's until step(), as FSDP2 does.
+  if (last_reducing_) last_reducing_->wait();
   unit.reducing = comm_->reduce_scatter(unit.grad_shard, whole_gradient.to(precision_.reduce_dtype).contiguous(),
                                         amplab::dist::Reduction::mean);
+  last_reducing_ = unit.reducing;
 }
 
-void FullyShardedMlp::zero_grad() {}
+void FullyShardedMlp::zero_grad() { last_reducing_.reset(); }
 
 torch::Tensor FullyShardedMlp::full_parameters() {
   std::vector<torch::Tensor> parts;

@@ -1,5 +1,5 @@
-// A Communicator that passes every call to another one: the base of the lab tests' recorders,
-// which override the calls they watch (the order of collectives, when they were issued).
+// A Communicator that passes every call to another one: the base of a wrapper that watches the
+// calls it overrides (the lab tests' recorders of the order of collectives; lab 8's byte count).
 #pragma once
 
 #include <memory>
@@ -9,29 +9,29 @@
 
 #include "amplab/dist/communicator.hpp"
 
-namespace amplab::test {
+namespace amplab::dist {
 
-class ForwardingCommunicator : public dist::Communicator {
+class ForwardingCommunicator : public Communicator {
  public:
-  explicit ForwardingCommunicator(std::shared_ptr<dist::Communicator> inner) : inner_(std::move(inner)) {}
+  explicit ForwardingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   torch::Device device() const override { return inner_->device(); }
-  std::shared_ptr<dist::Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
+  std::shared_ptr<Work> all_reduce_sum(std::vector<torch::Tensor> tensors) override {
     return inner_->all_reduce_sum(std::move(tensors));
   }
-  std::shared_ptr<dist::Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
+  std::shared_ptr<Work> all_reduce_mean(std::vector<torch::Tensor> tensors) override {
     return inner_->all_reduce_mean(std::move(tensors));
   }
-  std::shared_ptr<dist::Work> then_copy(std::shared_ptr<dist::Work> work, std::vector<torch::Tensor> from,
+  std::shared_ptr<Work> then_copy(std::shared_ptr<Work> work, std::vector<torch::Tensor> from,
                                         std::vector<torch::Tensor> to) override {
     return inner_->then_copy(std::move(work), std::move(from), std::move(to));
   }
-  std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor output, torch::Tensor input, Reduction op) override {
     return inner_->reduce_scatter(std::move(output), std::move(input), op);
   }
-  std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
+  std::shared_ptr<Work> all_gather(torch::Tensor output, torch::Tensor input) override {
     return inner_->all_gather(std::move(output), std::move(input));
   }
   void broadcast(std::vector<torch::Tensor> tensors, int root) override { inner_->broadcast(std::move(tensors), root); }
@@ -40,7 +40,7 @@ class ForwardingCommunicator : public dist::Communicator {
   void shutdown() override { inner_->shutdown(); }
 
  protected:
-  std::shared_ptr<dist::Communicator> inner_;
+  std::shared_ptr<Communicator> inner_;
 };
 
-}  // namespace amplab::test
+}  // namespace amplab::dist
