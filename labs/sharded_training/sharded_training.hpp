@@ -31,6 +31,7 @@
 //   ShardedGradientsAdamW ZeRO-2: each bucket reduce-scattered as backward finishes it (TODO sharded_training-4)
 //   FullyShardedMlp       ZeRO-3: each layer gathered for its forward and backward, then freed (TODO sharded_training-5)
 //   save_sharded, load_sharded  ZeRO-3's checkpoint: each rank writes and reads its own shards (TODO sharded_training-6)
+//   load_resharded        that checkpoint loaded on another number of ranks             (TODO sharded_training-7)
 #pragma once
 
 #include <torch/types.h>
@@ -243,6 +244,12 @@ void save_sharded(FullyShardedMlp& model, const std::string& dir);
 // file. A checkpoint of another world size, or a file that does not fit the model, is an
 // amplab::Error naming the file and what differs, and leaves the model as it was.
 void load_sharded(FullyShardedMlp& model, const std::string& dir);
+// TODO(sharded_training-7): the same training state, saved by save_sharded on any number of ranks,
+// loaded into `model` on this job's number of ranks (re-sharding): this rank's shard of every
+// unit, and of its moments, cut again from the saved shards. A checkpoint with a rank's file
+// missing, or a unit that does not fit the model, is an amplab::Error naming the file, and leaves
+// the model as it was.
+void load_resharded(FullyShardedMlp& model, const std::string& dir);
 
 // Bytes one rank holds of each part of the training state of a model of `num_params`
 // parameters trained with AdamW on `world_size` ranks.

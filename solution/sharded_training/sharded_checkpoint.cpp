@@ -1,7 +1,9 @@
 // Lab 8: ZeRO-3's sharded checkpoint. See labs/sharded_training/README.md, "A sharded checkpoint".
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "amplab/infra/error.hpp"
 #include "amplab/state/safetensors.hpp"
@@ -78,6 +80,84 @@ void load_sharded(FullyShardedMlp& model, const std::string& dir) {
   torch::NoGradGuard no_grad;
   for (auto& [into, from] : copies) into.copy_(from);
   model.set_steps(std::stoll(meta("step")));
+  // END SOLUTION
+}
+
+// TODO(sharded_training-7): load a checkpoint that save_sharded wrote on W' ranks (any number)
+// into this job's W ranks. Find W' from the files' names (`dir`/rank-0-of-<W'>.safetensors).
+// Each unit's flat buffer was cut into W' shards of shard_numel(numel, W') elements
+// (amplab::dist::shard_numel), laid end to end: element i of the unit lies in saved rank
+// i / s' at offset i % s'. This rank's new shard covers [rank x s, rank x s + s) of the same
+// flat buffer, with s its layout's shard_numel. Fill it, and its two moments, from the saved
+// pieces that overlap it; elements at or past the unit's numel are padding, zero. Read only the
+// files you need, each once. As in load_sharded, check everything (each file there, each
+// tensor there with s' elements, the same step count in every file you read) before copying
+// anything, then set the step count.
+// Pitfalls: copying saved shard r into new shard r works only when W' == W; the last saved
+// shard, and the last new one, may be partly padding; a rank's new shard may span two or more
+// saved shards, or lie entirely in the padding.
+void load_resharded(FullyShardedMlp& model, const std::string& dir) {
+  // BEGIN SOLUTION
+  const int rank = model.communicator().rank();
+  int saved_world = 0;
+  if (std::filesystem::is_directory(dir))
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string(), prefix = "rank-0-of-", suffix = ".safetensors";
+      if (name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        if (saved_world != 0) throw amplab::Error("sharded checkpoint '" + dir + "': files of two world sizes");
+        const std::string world = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+        if (world.find_first_not_of("0123456789") != std::string::npos || world.size() > 6)
+          throw amplab::Error("sharded checkpoint '" + dir + "': " + name + " is not a file save_sharded writes");
+        saved_world = std::stoi(world);
+      }
+    }
+  if (saved_world <= 0) throw amplab::Error("sharded checkpoint '" + dir + "': no rank-0-of-<W>.safetensors there");
+
+  std::map<int, amplab::SafetensorsFile> files;  // the saved ranks this rank needs, read once
+  auto file_of = [&](int r) -> const amplab::SafetensorsFile& {
+    auto it = files.find(r);
+    if (it != files.end()) return it->second;
+    const std::string file = (std::filesystem::path(dir) / ("rank-" + std::to_string(r) + "-of-" +
+                                                            std::to_string(saved_world) + ".safetensors")).string();
+    if (!std::filesystem::exists(file))
+      throw amplab::Error("sharded checkpoint '" + dir + "': no " + file + " (the checkpoint of " +
+                          std::to_string(saved_world) + " ranks is incomplete)");
+    return files.emplace(r, amplab::load_safetensors(file)).first->second;
+  };
+
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (into, from), all checked first
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    auto& unit = model.units()[u];
+    const std::string name = "unit" + std::to_string(u);
+    const int64_t saved_shard = amplab::dist::shard_numel(unit.layout.numel, saved_world);
+    const int64_t begin = unit.layout.shard_begin(rank);
+    const int64_t end = std::min(begin + unit.layout.shard_numel, unit.layout.numel);
+    for (auto [suffix, into] : {std::pair{".shard", unit.shard}, {".exp_avg", unit.exp_avg}, {".exp_avg_sq", unit.exp_avg_sq}}) {
+      torch::Tensor mine = torch::zeros({unit.layout.shard_numel}, into.options().device(torch::kCPU).requires_grad(false));
+      for (int64_t at = begin; at < end;) {
+        const int r = static_cast<int>(at / saved_shard);
+        const int64_t offset = at - r * saved_shard, n = std::min(end, (r + 1) * saved_shard) - at;
+        const torch::Tensor from = file_of(r).find(name + suffix);
+        if (!from.defined() || from.numel() != saved_shard || from.scalar_type() != into.scalar_type())
+          throw amplab::Error("sharded checkpoint '" + dir + "': rank " + std::to_string(r) + "'s " + name + suffix +
+                              (from.defined() ? " does not fit the model's unit " + std::to_string(u) : " is missing"));
+        mine.narrow(0, at - begin, n).copy_(from.narrow(0, offset, n));
+        at += n;
+      }
+      copies.push_back({into, mine});
+    }
+  }
+  const amplab::SafetensorsFile& first = files.empty() ? file_of(0) : files.begin()->second;  // a shard all padding reads rank 0's
+  const std::string step = first.metadata.count("step") ? first.metadata.at("step") : "";
+  if (step.empty() || step.find_first_not_of("0123456789") != std::string::npos)
+    throw amplab::Error("sharded checkpoint '" + dir + "': a file without a step count");
+  for (const auto& [r, file] : files)
+    if (!file.metadata.count("step") || file.metadata.at("step") != step)
+      throw amplab::Error("sharded checkpoint '" + dir + "': rank " + std::to_string(r) + "'s file has another step count");
+  torch::NoGradGuard no_grad;
+  for (auto& [into, from] : copies) into.copy_(from);
+  model.set_steps(std::stoll(step));
   // END SOLUTION
 }
 

@@ -3,7 +3,9 @@
 // Lab 8: ZeRO-3's sharded checkpoint. See labs/sharded_training/README.md, "A sharded checkpoint".
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "amplab/infra/error.hpp"
 #include "amplab/state/safetensors.hpp"
@@ -33,6 +35,23 @@ void save_sharded(FullyShardedMlp& model, const std::string& dir) {
 // shards require grad: copy into them under torch::NoGradGuard.
 void load_sharded(FullyShardedMlp& model, const std::string& dir) {
   AMPLAB_TODO("sharded_training-6");
+}
+
+// TODO(sharded_training-7): load a checkpoint that save_sharded wrote on W' ranks (any number)
+// into this job's W ranks. Find W' from the files' names (`dir`/rank-0-of-<W'>.safetensors).
+// Each unit's flat buffer was cut into W' shards of shard_numel(numel, W') elements
+// (amplab::dist::shard_numel), laid end to end: element i of the unit lies in saved rank
+// i / s' at offset i % s'. This rank's new shard covers [rank x s, rank x s + s) of the same
+// flat buffer, with s its layout's shard_numel. Fill it, and its two moments, from the saved
+// pieces that overlap it; elements at or past the unit's numel are padding, zero. Read only the
+// files you need, each once. As in load_sharded, check everything (each file there, each
+// tensor there with s' elements, the same step count in every file you read) before copying
+// anything, then set the step count.
+// Pitfalls: copying saved shard r into new shard r works only when W' == W; the last saved
+// shard, and the last new one, may be partly padding; a rank's new shard may span two or more
+// saved shards, or lie entirely in the padding.
+void load_resharded(FullyShardedMlp& model, const std::string& dir) {
+  AMPLAB_TODO("sharded_training-7");
 }
 
 }  // namespace zero_lab

@@ -656,6 +656,105 @@ TEST(ShardedTraining6_Checkpoint, ATensorOfAnotherShapeIsRefusedBeforeAnythingIs
   EXPECT_TRUE(torch::equal(model.full_parameters(), before)) << "the first units were copied before the bad one was seen";
 }
 
+// ---------------------------------------------------------------- TODO(sharded_training-7): re-sharding
+
+// Every unit's moments whole and flat, in the model's order (a collective, like full_parameters).
+torch::Tensor full_moments(zero_lab::FullyShardedMlp& model) {
+  std::vector<torch::Tensor> parts;
+  for (auto& unit : model.units())
+    for (const auto& moment : {unit.exp_avg, unit.exp_avg_sq}) {
+      torch::Tensor whole = torch::empty({unit.layout.padded_numel()}, moment.options());
+      model.communicator().all_gather(whole, moment)->wait();
+      parts.push_back(whole.narrow(0, 0, unit.layout.numel));
+    }
+  return torch::cat(parts);
+}
+
+struct WholeState {
+  torch::Tensor parameters, moments;
+  int64_t steps = -1;
+};
+
+// Trains 2 ZeRO-3 steps on `saved_world` ranks and saves them into `dir`; returns the whole state then.
+WholeState train_and_save(int saved_world, const std::string& dir) {
+  WholeState saved;
+  std::mutex mutex;
+  auto errors = run_ranks(saved_world, [&](std::shared_ptr<dist::Communicator> comm) {
+    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = global_batch(saved_world, s);
+      torch::mse_loss(model.forward(x.narrow(0, 4 * comm->rank(), 4)), y.narrow(0, 4 * comm->rank(), 4)).backward();
+      model.step();
+    }
+    zero_lab::save_sharded(model, dir);
+    auto parameters = model.full_parameters();
+    auto moments = full_moments(model);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (comm->rank() == 0) saved = {parameters, moments, model.steps()};
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return saved;
+}
+
+// Loads `dir` with load_resharded on `world` ranks; each rank's whole state afterwards.
+std::vector<WholeState> load_on(int world, const std::string& dir) {
+  std::vector<WholeState> loaded(world);
+  std::mutex mutex;
+  auto errors = run_ranks(world, [&](std::shared_ptr<dist::Communicator> comm) {
+    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    zero_lab::load_resharded(model, dir);
+    auto parameters = model.full_parameters();
+    auto moments = full_moments(model);
+    std::lock_guard<std::mutex> lock(mutex);
+    loaded[comm->rank()] = {parameters, moments, model.steps()};
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return loaded;
+}
+
+class ShardedTraining7_Resharding : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+// Units of 36 and 21 elements: saved on 2 ranks (shards of 18 and 11, the last padded) and loaded
+// on 3 (12 and 7: a new shard spans two saved ones), or saved on 3 and loaded on 2 or on 1.
+TEST_P(ShardedTraining7_Resharding, TheWholeStateComesBackToTheBitOnAnotherNumberOfRanks) {
+  const auto [saved_world, world] = GetParam();
+  test::TempDir dir;
+  const WholeState saved = train_and_save(saved_world, dir.path().string());
+  ASSERT_TRUE(saved.parameters.defined()) << "training and saving on " << saved_world << " ranks did not finish";
+  const auto loaded = load_on(world, dir.path().string());
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(loaded[r].parameters.defined()) << "rank " << r << " of " << world << " did not finish loading";
+    EXPECT_TRUE(torch::equal(loaded[r].parameters, saved.parameters))
+        << "saved on " << saved_world << " ranks, loaded on " << world << ": the parameters, gathered, are not the saved ones";
+    EXPECT_TRUE(torch::equal(loaded[r].moments, saved.moments))
+        << "saved on " << saved_world << " ranks, loaded on " << world << ": AdamW's moments, gathered, are not the saved ones";
+    EXPECT_EQ(loaded[r].steps, saved.steps) << "the step count comes back too";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining7_Resharding,
+                         ::testing::Values(std::pair{2, 3}, std::pair{3, 2}, std::pair{3, 1}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "to" + std::to_string(info.param.second);
+                         });
+
+TEST(ShardedTraining7_Resharding_Alone, AMissingRankFileIsNamedAndChangesNothing) {
+  test::TempDir dir;
+  train_and_save(3, dir.path().string());
+  std::filesystem::remove(dir.file("rank-1-of-3.safetensors"));
+  auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
+  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  const auto before = model.full_parameters();
+  try {
+    zero_lab::load_resharded(model, dir.path().string());
+    FAIL() << "a checkpoint of 3 ranks without rank 1's file must be an amplab::Error";
+  } catch (const amplab::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank-1-of-3.safetensors"), std::string::npos) << "the error names the missing file: " << e.what();
+  }
+  EXPECT_TRUE(torch::equal(model.full_parameters(), before)) << "a refused checkpoint changes nothing";
+  EXPECT_EQ(model.steps(), 0);
+}
+
 // ---------------------------------------------------------------- TODO(sharded_training-3): memory per rank
 
 void expect_bytes(const zero_lab::MemoryEstimate& m, int64_t parameters, int64_t gradients, int64_t state,
