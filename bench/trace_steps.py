@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The GPU time line of one step in a trace written by the DDP lab's benchmark
-(build/bin/ddp --set bench.enabled=true --set bench.trace=true): every kernel of that step with
+(build/bin/ddp --set bench.enabled=true --set bench.trace=true) or by a phase of the sharded
+lab (build/bin/sharded_training --set run.trace=true: trace-zero-3.json): every kernel of that step with
 its stream, start (ms after the step's first kernel) and duration, then per stream the busy time
 and the last end; and a line per step (first kernel to last kernel, and the idle gap before it).
 A kernel belongs to the step whose host range launched it, so this also reads the back-to-back
 traces, where the host queues a step while the GPU still runs the one before.
-    python3 bench/trace_steps.py runs/ddp/<time>/trace_ddp_overlap.json [--step K] [--all]"""
+    python3 bench/trace_steps.py runs/ddp/<time>/trace_ddp_overlap.json [--step K] [--all]
+    python3 bench/trace_steps.py runs/sharded_training/<time>/trace-zero-3.json"""
 import argparse
 import bisect
 import json

@@ -5,6 +5,7 @@
 // launcher or torchrun:
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -86,11 +87,15 @@ StageRun train(const ZeroConfig& config, TrafficCounter& comm,
   for (int s = 0; s < config.train.steps; ++s) {
     auto [x, y] = batch_of(config, comm, s, device);
     comm.reset();
+    torch::Tensor loss;
     timer.start();
-    zero_grad();
-    auto loss = torch::mse_loss(forward(x), y);
-    loss.backward();
-    step();
+    {
+      RECORD_USER_SCOPE("amplab_step");  // the step's bounds in a run.trace trace (bench/trace_steps.py)
+      zero_grad();
+      loss = torch::mse_loss(forward(x), y);
+      loss.backward();
+      step();
+    }
     const double ms = timer.stop_ms();
     if (s >= config.train.warmup) {
       times.push_back(ms);
