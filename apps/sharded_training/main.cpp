@@ -372,6 +372,9 @@ void print_summary(ZeroLab& lab, const Stages& st, const LossAgreement& agreemen
                                                  amplab::fixed(agreement.zero3_difference, 6)
                                            : std::string("no stage trained in fp32 to compare its losses with"))
               << "\n";
+  if (!lab.device.is_cuda())
+    std::cout << "skipped on the CPU: the GPU parts (the allocator's held and peak memory, memory.cap_mib, NCCL's "
+                 "times); on GPUs: amplab-run --nproc-per-node 2 (then 4) -- build/bin/sharded_training\n";
   if (!st.checkpoint.is_null())
     std::cout << "ZeRO-3's sharded checkpoint: " << world << " file(s) of " << st.checkpoint["bytes_per_rank"].get<int64_t>()
               << " bytes in " << st.checkpoint["dir"].get<std::string>() << "; loaded into a new model: "
