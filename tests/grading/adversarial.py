@@ -138,16 +138,16 @@ FORK_BOMB = r"""
   }
   return loss;
 """
-NETWORK = r"""
+CONNECT = r"""
   int sock = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in to{};
   to.sin_family = AF_INET;
   to.sin_port = htons(PORT);
   inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  if (connect(sock, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) (void)!write(sock, "LEAK", 4);
-  close(sock);
-  return loss;
+  if (sock >= 0 && connect(sock, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) (void)!write(sock, "LEAK", 4);
+  if (sock >= 0) close(sock);
 """
+NETWORK = CONNECT + "  return loss;\n"
 WRITE_OUTSIDE = r"""
   const char* root = std::getenv("AMPLAB_SOURCE_DIR");
   const std::string base = root ? root : ".";
@@ -335,23 +335,39 @@ CASES["given code of its own"] = (starter_text(), "zero",
 # course's communicator open them, inside a network namespace of the test's own; the student's
 # code still may not call socket functions itself. Honest code that also phones the machine's
 # loopback is refused like any other forbidden call, and reaches nothing.
-PHONE_HOME = r"""
-  {
-    int sock = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(PORT);
-    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-    if (sock >= 0 && connect(sock, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) (void)!write(sock, "LEAK", 4);
-    if (sock >= 0) close(sock);
-  }
-"""
+PHONE_HOME = "  {" + CONNECT + "  }\n"
 SOCKETS_LAB = {"lab": "sharded_training", "file": "sharding.cpp", "todo": "sharded_training-1"}
 _LAYOUT_OPENS = "FlatLayout flat_layout(const std::vector<torch::Tensor>& params, int world_size) {\n"
 CASES["a lab that allows sockets phones home"] = (
     INCLUDES + (ROOT / "solution" / "sharded_training" / "sharding.cpp").read_text().replace(
         _LAYOUT_OPENS, _LAYOUT_OPENS + PHONE_HOME),
     REFUSED, "honest code of a lab whose tests may open sockets connects to a server on the machine's loopback",
+    SOCKETS_LAB)
+
+# The same lab's code calls no socket function, but asks the course's own communicator to join a
+# process group whose store is the listener (rank 1 of 2, MASTER_PORT = the listener's port): the
+# rendezvous opens the socket on its behalf. The test's network namespace holds no such server, so
+# the attempt fails within its timeout, the honest layout earns its points, and nothing is reached.
+COURSE_SOCKET = r"""
+  static bool tried = false;  // once per test process: each try waits out its timeout
+  if (!tried) {
+    tried = true;
+    amplab::dist::WorldInfo world;
+    world.rank = 1;
+    world.world_size = 2;
+    world.master_port = PORT;
+    amplab::dist::ProcessGroupConfig config;
+    config.backend = amplab::dist::Backend::cpu;
+    config.timeout_s = 3;
+    try {
+      amplab::dist::make_communicator(world, config, torch::kCPU);
+    } catch (...) {
+    }
+  }
+"""
+CASES["a lab that allows sockets lends them through the course's communicator"] = (
+    (ROOT / "solution" / "sharded_training" / "sharding.cpp").read_text().replace(_LAYOUT_OPENS, _LAYOUT_OPENS + COURSE_SOCKET),
+    "full", "honest code asks the course's communicator to rendezvous with a server on the machine's loopback",
     SOCKETS_LAB)
 
 def secret_lines():
