@@ -6,12 +6,13 @@ each rank steps its parameters' share and broadcasts it), then under FSDP2 (full
 Linear and on the root, fp32, fused AdamW over the sharded parameters: ZeRO-3, PyTorch's default
 of prefetching one layer ahead). Launch with torchrun:
     torchrun --standalone --nproc-per-node 2 bench/sharded_reference.py [--width 8192 --layers 4]
-        [--memory-cap-mib 4096] [--fsdp-param-dtype bfloat16]
+        [--memory-cap-mib 4096 --expandable-segments] [--fsdp-param-dtype bfloat16]
 Prints on rank 0, per setting: the optimizer state this rank holds, what the CUDA allocator holds
 after training (model, gradients, optimizer) and its peak, the median ms per step after the
 warm-up (CUDA events around forward, backward and the step) and the samples per second of all
 ranks. With a memory cap (the lab's memory.cap_mib: torch.cuda.set_per_process_memory_fraction), a
-setting that runs out of memory says so and the next one runs."""
+setting that runs out of memory says so and the next one runs; --expandable-segments is the lab's
+memory.expandable_segments (the allocator grows segments in place)."""
 import argparse
 import gc
 import os
@@ -101,6 +102,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--memory-cap-mib", type=int, default=0, help="per rank (0: the whole GPU)")
+    parser.add_argument("--expandable-segments", action="store_true",
+                        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as the lab's memory.expandable_segments")
     parser.add_argument("--fsdp-param-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--fsdp-reduce-dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
@@ -108,12 +111,15 @@ def main():
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
+    if args.expandable_segments:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     if args.memory_cap_mib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.memory_cap_mib * 2**20 / total, device)
     rows = [(setting, run_or_out_of_memory(setting, args, device)) for setting in ("fsdp2", "ddp", "zero-1")]
     if dist.get_rank() == 0:
         cap = f", capped at {args.memory_cap_mib} MiB per rank" if args.memory_cap_mib else ""
+        cap += ", expandable segments" if args.expandable_segments else ""
         print(f"PyTorch {torch.__version__}: MLP {args.layers} x Linear({args.width}), batch {args.batch} per rank, "
               f"{dist.get_world_size()} rank(s), fp32 (FSDP2 computes in {args.fsdp_param_dtype}, reduces in "
               f"{args.fsdp_reduce_dtype}){cap}")

@@ -6,6 +6,7 @@
 //   build/bin/amplab-run --nproc-per-node 2 -- build/bin/sharded_training [--set key=value ...]
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bin/sharded_training
 #include <ATen/record_function.h>
+#include <c10/core/AllocatorConfig.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -337,6 +338,7 @@ LossAgreement record_stages(ZeroLab& lab, const Stages& st, int world, int64_t n
   lab.results.set("losses_match", agreement.same);
   lab.results.set("checkpoint", st.checkpoint);
   lab.results.set("memory_cap_mib", config.memory.cap_mib);
+  lab.results.set("memory_expandable_segments", config.memory.expandable_segments);
   lab.results.set("fsdp", {{"param_dtype", amplab::enum_to_string(config.fsdp.param_dtype)},
                            {"reduce_dtype", amplab::enum_to_string(config.fsdp.reduce_dtype)},
                            {"largest_relative_loss_difference", agreement.zero3_difference}});
@@ -359,6 +361,7 @@ void print_summary(ZeroLab& lab, const Stages& st, const LossAgreement& agreemen
                         std::to_string(config.train.warmup) + " steps" +
                         (config.memory.cap_mib > 0 ? "; each rank capped at " + std::to_string(config.memory.cap_mib) + " MiB"
                                                    : std::string()) +
+                        (config.memory.expandable_segments ? "; the allocator's segments expandable" : "") +
                         "\n");
   std::cout << "losses of the stages that trained" << (config.fsdp.fp32() ? "" : " (ZeRO-3 apart)") << " "
             << (agreement.same ? "match" : "DIFFER") << " (largest relative difference "
@@ -415,6 +418,12 @@ int run_rank(ZeroLab& lab) {
       throw amplab::Error("memory.cap_mib: " + std::to_string(config.memory.cap_mib) +
                           " MiB caps a GPU's allocator, and this run is on " + lab.device.str() + ": set it to 0");
     amplab::limit_device_memory(lab.device, config.memory.cap_mib * 1024 * 1024);
+  }
+  if (config.memory.expandable_segments) {
+    if (!lab.device.is_cuda())
+      throw amplab::Error("memory.expandable_segments: true configures a GPU's allocator, and this run is on " +
+                          lab.device.str() + ": set it to false");
+    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
   }
   const int world = comm->size();
   const int64_t width = config.model.width, num_params = config.model.layers * (width * width + width);

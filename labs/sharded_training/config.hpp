@@ -60,6 +60,7 @@ struct ZeroFsdpConfig {
 
 struct ZeroMemoryConfig {
   int64_t cap_mib = 0;
+  bool expandable_segments = false;
 
   template <class V>
   void fields(V& v) {
@@ -67,6 +68,9 @@ struct ZeroMemoryConfig {
             "caps what each rank's CUDA allocator may hold, in MiB (0: the whole GPU): a stage that needs more "
             "is reported out of memory and the next stage still runs (GPU only)",
             amplab::Range<int64_t>::at_least(0));
+    v.field("expandable_segments", expandable_segments,
+            "the CUDA allocator grows its segments in place instead of reserving new ones of fixed sizes "
+            "(PyTorch's PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; the README's question 6) (GPU only)");
   }
 };
 

@@ -12,8 +12,11 @@ from sweep import Case, run_stopped_at, stopped_well  # tests/faults/sweep.py, w
 
 LONG_RUN = ["--set", "run.device=cpu", "--set", "model.width=64", "--set", "train.steps=1000000"]
 STOP = {"settings": LONG_RUN, "after": r"the MLP has \d+ parameters", "when": "in a training step"}
-# A memory cap where there is no GPU to cap: refused, naming the key.
-BEYOND_THE_MACHINE = [("memory.cap_mib=4096", ["memory.cap_mib", "set it to 0"], "memory.cap_mib=4096 on the CPU")]
+# A memory cap, or the CUDA allocator's expandable segments, where there is no GPU: refused,
+# naming the key.
+BEYOND_THE_MACHINE = [("memory.cap_mib=4096", ["memory.cap_mib", "set it to 0"], "memory.cap_mib=4096 on the CPU"),
+                      ("memory.expandable_segments=true", ["memory.expandable_segments", "set it to false"],
+                       "memory.expandable_segments=true on the CPU")]
 
 
 def cases(ctx):
