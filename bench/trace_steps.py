@@ -29,7 +29,9 @@ def main():
     steps = sorted(e["ts"] for e in events
                    if e.get("name") == "amplab_step" and e.get("ph") == "X" and e.get("cat") == "user_annotation")
     if not steps:
-        sys.exit(f"trace_steps.py: {args.trace} has no amplab_step ranges (written by another program?)")
+        sys.exit(f"trace_steps.py: {args.trace} has no amplab_step ranges: the trace ended before the first "
+                 "step (a large model takes longer to set up than the traced seconds: raise run.trace_seconds, "
+                 "or bench.trace's steps), or another program wrote it")
     # Each kernel's launch (the runtime or driver call with the same correlation id) dates it on
     # the host, inside its step's range.
     launched = {e["args"]["correlation"]: e["ts"] for e in events
