@@ -1038,12 +1038,8 @@ TEST(Ddp10_Speed, BucketedWithinTenPercentOfTheReference_CUDA) {
   const double mine = back_to_back_ms("bucketed", dir.file("yours"), /*reference=*/false);
   ASSERT_GT(mine, 0);
   ASSERT_GT(reference, 0);
-  const double ratio = mine / reference;
-  const double fraction = std::clamp((2.0 - ratio) / (2.0 - 1.1), 0.0, 1.0);
-  ::testing::Test::RecordProperty("speed_ratio", std::to_string(ratio));
-  ::testing::Test::RecordProperty("points_fraction", std::to_string(fraction));
-  std::cout << "bucketed " << mine << " ms/step, the reference " << reference << " ms/step: " << ratio
-            << "x its time, " << std::lround(100 * fraction) << "% of the points\n";
+  test::record_time_ratio_points(mine / reference, "bucketed " + std::to_string(mine) + " ms/step, the reference " +
+                                                       std::to_string(reference) + " ms/step");
 }
 
 }  // namespace

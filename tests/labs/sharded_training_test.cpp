@@ -1,12 +1,18 @@
 // Graded tests of lab 8 (labs/sharded_training/rubric.yaml gives each its TODO and points). The multi-rank
 // tests run each rank on a thread of this process over the cpu backend, whose sums repeat to the
 // bit; they compare against torch's own AdamW on one process with the whole batch.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <set>
+#include <string_view>
 
 #include "amplab/dist/forwarding_communicator.hpp"
 #include "ranks.hpp"  // on_rank_threads
@@ -382,19 +388,47 @@ torch::nn::Sequential test_network() {
   return net;
 }
 
+// The matrix products this thread has run (aten::linear, mm, addmm, matmul...), counted by a
+// RecordFunction callback while a MatmulCounter lives: where each collective was issued between
+// a layer's computations.
+thread_local int64_t t_matmuls = 0;
+
+std::unique_ptr<at::ObserverContext> count_matmul(const at::RecordFunction& fn) {
+  static const std::set<std::string_view> kMatmuls{"aten::linear", "aten::mm",     "aten::addmm", "aten::matmul",
+                                                   "aten::bmm",    "aten::baddbmm", "aten::einsum", "aten::mv",
+                                                   "aten::addmv",  "aten::_addmm_activation"};
+  if (kMatmuls.count(std::string_view(fn.name()))) ++t_matmuls;
+  return nullptr;
+}
+
+class MatmulCounter {
+ public:
+  MatmulCounter()
+      : handle_(at::addGlobalCallback(at::RecordFunctionCallback(count_matmul).scopes({at::RecordScope::FUNCTION}))) {}
+  ~MatmulCounter() { at::removeCallback(handle_); }
+  MatmulCounter(const MatmulCounter&) = delete;
+  MatmulCounter& operator=(const MatmulCounter&) = delete;
+
+ private:
+  at::CallbackHandle handle_;
+};
+
 // Records the collectives in order ("AG 36" for an all-gather of 36 elements, "RS 22" for a
-// reduce-scatter of 22), and the all-gathers' outputs, to tell which are still alive.
+// reduce-scatter of 22), the matrix products run before each, and the all-gathers' outputs, to
+// tell which are still alive.
 class CollectiveLog final : public dist::ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
   std::shared_ptr<dist::Work> all_gather(torch::Tensor output, torch::Tensor input) override {
     calls.push_back("AG " + std::to_string(output.numel()));
+    matmuls_before.push_back(t_matmuls);
     dtypes.push_back("AG " + std::string(c10::toString(output.scalar_type())));
     gathered.push_back(output.storage().getWeakStorageImpl());
     return inner_->all_gather(std::move(output), std::move(input));
   }
   std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
     calls.push_back("RS " + std::to_string(input.numel()));
+    matmuls_before.push_back(t_matmuls);
     dtypes.push_back("RS " + std::string(c10::toString(input.scalar_type())));
     return inner_->reduce_scatter(std::move(output), std::move(input), op);
   }
@@ -405,6 +439,7 @@ class CollectiveLog final : public dist::ForwardingCommunicator {
     return n;
   }
   std::vector<std::string> calls, dtypes;
+  std::vector<int64_t> matmuls_before;  // per call: the matrix products this thread had run
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> gathered;
 };
 
@@ -413,6 +448,7 @@ struct Zero3End {
   std::vector<torch::Tensor> grad_shards;
   int whole_after_forward = -1, whole_after_backward = -1;
   std::vector<std::string> calls;  // the last step's collectives
+  std::vector<int64_t> matmuls_before;  // and the matrix products run before each
 };
 
 std::vector<Zero3End> zero3_ends(int world_size, int steps) {
@@ -425,6 +461,7 @@ std::vector<Zero3End> zero3_ends(int world_size, int steps) {
     for (int s = 0; s < steps; ++s) {
       auto [x, y] = global_batch(world_size, s);
       comm->calls.clear();
+      comm->matmuls_before.clear();
       comm->gathered.clear();
       model.zero_grad();
       auto loss = torch::mse_loss(model.forward(x.narrow(0, 4 * comm->rank(), 4)), y.narrow(0, 4 * comm->rank(), 4));
@@ -433,6 +470,7 @@ std::vector<Zero3End> zero3_ends(int world_size, int steps) {
       end.whole_after_backward = comm->alive();
       model.step();
       end.calls = comm->calls;
+      end.matmuls_before = comm->matmuls_before;
     }
     for (const auto& unit : model.units()) end.grad_shards.push_back(unit.grad_shard.clone());
     end.params = model.full_parameters();
@@ -490,6 +528,30 @@ TEST_P(ShardedTraining5_Fsdp, EachLayerIsGatheredTwiceAndTheNextOneIsPrefetched)
                                              "RS " + second, "RS " + first};
   for (int r = 0; r < world_size; ++r)
     EXPECT_EQ(ends[r].calls, expected) << "rank " << r << ": the collectives of one step, in order";
+}
+
+// A prefetch travels while the layer computes only if it is issued before the layer's matrix
+// products: in forward, layer 1's all-gather before layer 0's product; in backward, layer 0's
+// all-gather before layer 1's products. Issued after them, the step's collectives come in the
+// same order, but each gather waits for a computation it could have overlapped (on a GPU the
+// communication stream starts a collective only after the work queued before it).
+TEST(ShardedTraining5_Fsdp_Prefetch, EachPrefetchIsIssuedBeforeTheLayerComputes) {
+  MatmulCounter counter;
+  const auto ends = zero3_ends(2, 1);
+  for (int r = 0; r < 2; ++r) {
+    const auto& e = ends[r];
+    ASSERT_EQ(e.calls.size(), 6u) << "rank " << r << ": one step's collectives, expected 4 all-gathers and 2 "
+                                  << "reduce-scatters (EachLayerIsGatheredTwiceAndTheNextOneIsPrefetched)";
+    ASSERT_EQ(e.matmuls_before.size(), e.calls.size());
+    EXPECT_EQ(e.matmuls_before[1], e.matmuls_before[0])
+        << "rank " << r << ": in forward, layer 1's prefetch was issued after layer 0's matrix product ("
+        << e.matmuls_before[1] - e.matmuls_before[0] << " product op(s) counted between): start it before computing";
+    EXPECT_EQ(e.matmuls_before[3], e.matmuls_before[2])
+        << "rank " << r << ": in backward, layer 0's prefetch was issued after layer 1's backward products ("
+        << e.matmuls_before[3] - e.matmuls_before[2] << " product op(s) counted between): start it before computing";
+    EXPECT_GT(e.matmuls_before[4], e.matmuls_before[2])
+        << "rank " << r << ": layer 1's gradient was reduce-scattered before any of its backward's products";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining5_Fsdp, ::testing::Values(2, 4),
@@ -782,6 +844,84 @@ TEST(ShardedTraining3_Memory, MixedPrecisionKeepsAnFp32MasterCopyInTheOptimizerS
 TEST(ShardedTraining3_Memory, AShardIsRoundedUpAndOneRankHoldsEverything) {
   expect_bytes(zero_lab::estimate_memory(10, 4, 3, false), 12, 12, 24, "10 parameters on 4 ranks, stage 3");
   expect_bytes(zero_lab::estimate_memory(10, 1, 3, false), 40, 40, 80, "one rank, stage 3");
+}
+
+// ---------------------------------------------------------------- the lab binary on two GPUs (NCCL)
+
+// The lab binary on two GPUs through the launcher, `settings` added to its command line; rank 0's
+// summary.json (its stages table and its keys). `binary` is the lab binary's path.
+nlohmann::json lab_summary_on_two_gpus(const std::string& binary, const std::string& out_dir,
+                                       const std::vector<std::string>& settings) {
+  std::vector<std::string> command{test::binary_dir() + "/bin/amplab-run", "--nproc-per-node", "2", "--", binary,
+                                   "--set", "run.out_dir=" + out_dir};
+  for (const auto& s : settings) command.insert(command.end(), {"--set", s});
+  std::string out;
+  const int code = test::run(command, &out, 300);
+  EXPECT_EQ(code, 0) << out;
+  if (std::filesystem::exists(out_dir))
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(out_dir))
+      if (entry.path().filename() == "summary.json") return nlohmann::json::parse(std::ifstream(entry.path()));
+  ADD_FAILURE() << "no summary.json under " << out_dir << ":\n" << out;
+  return {};
+}
+
+const nlohmann::json* stage_row(const nlohmann::json& summary, const std::string& stage) {
+  if (!summary.contains("stages")) return nullptr;
+  for (const auto& row : summary.at("stages"))
+    if (row.at("stage") == stage) return &row;
+  return nullptr;
+}
+
+// Every stage trains on two GPUs over NCCL with DDP's losses, and ZeRO-3 holds about half of what
+// DDP holds: each rank keeps 1/2 of the parameters, gradients and moments (the estimate's 8 of 16
+// bytes a parameter), whatever else the allocator keeps aside.
+TEST(ShardedTrainingGpu, EveryStageTrainsLikeDdpAndZero3HoldsHalfOnTwoGpus_CUDA) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  test::TempDir dir;
+  const auto summary = lab_summary_on_two_gpus(test::binary_dir() + "/bin/" + AMPLAB_LAB_BINARY, dir.file("runs"),
+                                               {"model.width=2048", "model.layers=4", "train.steps=10"});
+  ASSERT_TRUE(summary.contains("losses_match")) << summary.dump();
+  EXPECT_TRUE(summary.at("losses_match").get<bool>())
+      << "the stages' losses differ from DDP's by " << summary.at("largest_relative_loss_difference");
+  const auto* ddp = stage_row(summary, "ddp");
+  const auto* zero3 = stage_row(summary, "zero-3");
+  ASSERT_TRUE(ddp && zero3) << summary.at("stages").dump();
+  ASSERT_EQ(zero3->at("outcome"), "trained");
+  const double ratio = zero3->at("held_bytes").get<double>() / ddp->at("held_bytes").get<double>();
+  EXPECT_LT(ratio, 0.6) << "ZeRO-3 holds " << zero3->at("held_bytes") << " bytes after training, DDP "
+                        << ddp->at("held_bytes") << ": a whole layer kept between steps, or a gradient never freed?";
+  EXPECT_TRUE(summary.at("checkpoint").at("restored_to_the_bit").get<bool>()) << summary.at("checkpoint").dump();
+}
+
+// ZeRO-3's step on two GPUs against the reference's, on a model where a layer's all-gather takes
+// about as long as its matmuls (a batch of 128 rows of width 4096), so that a gather that waits
+// for the matmul before it (a prefetch issued too late, or none) shows. The reference runs in the course's own lab binary, built from the
+// solution: scripts/grade puts it beside the student's as <lab>-reference; in the instructor's
+// build the lab binary is the reference already. Full points within 10%, none at twice the
+// reference's time, a share in between.
+double zero3_step_ms(bool reference, const std::string& out_dir) {
+  std::string binary = test::binary_dir() + "/bin/" + AMPLAB_LAB_BINARY;
+  const std::string course_binary = test::binary_dir() + "/bin/sharded_training-reference";
+  if (reference && std::filesystem::exists(course_binary)) binary = course_binary;
+  const auto summary = lab_summary_on_two_gpus(
+      binary, out_dir, {"model.width=4096", "model.layers=8", "model.batch=128", "train.steps=25", "train.warmup=5"});
+  const auto* zero3 = stage_row(summary, "zero-3");
+  if (!zero3 || zero3->at("outcome") != "trained") {
+    ADD_FAILURE() << "ZeRO-3 did not train: " << summary.dump();
+    return 0;
+  }
+  return zero3->at("step_ms").get<double>();
+}
+
+TEST(ShardedTraining5_Speed, Zero3WithinTenPercentOfTheReference_CUDA) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  test::TempDir dir;
+  const double reference = zero3_step_ms(/*reference=*/true, dir.file("reference"));
+  const double mine = zero3_step_ms(/*reference=*/false, dir.file("yours"));
+  ASSERT_GT(mine, 0);
+  ASSERT_GT(reference, 0);
+  test::record_time_ratio_points(mine / reference, "ZeRO-3 " + std::to_string(mine) + " ms/step, the reference " +
+                                                       std::to_string(reference) + " ms/step");
 }
 
 }  // namespace

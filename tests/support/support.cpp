@@ -9,7 +9,12 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <ftw.h>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <iostream>
 
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +122,14 @@ std::string TempDir::write(const std::string& name, const std::string& content) 
   std::filesystem::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << content;
   return p.string();
+}
+
+double record_time_ratio_points(double ratio, const std::string& measured, double full_within, double none_at) {
+  const double fraction = std::clamp((none_at - ratio) / (none_at - full_within), 0.0, 1.0);
+  ::testing::Test::RecordProperty("speed_ratio", std::to_string(ratio));
+  ::testing::Test::RecordProperty("points_fraction", std::to_string(fraction));
+  std::cout << measured << ": " << ratio << "x its time, " << std::lround(100 * fraction) << "% of the points\n";
+  return fraction;
 }
 
 namespace detail {

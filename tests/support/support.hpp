@@ -79,6 +79,13 @@ nlohmann::json load_fixture(const std::string& name);
 torch::Tensor tensor_from_bits(const nlohmann::json& stored);
 std::string binary_dir();
 
+// A partial speed test's share of its points from `ratio`, your time over the reference's: all of
+// them within `full_within` (1.1: 10% slower), none at `none_at` (twice the time), in proportion
+// between. Records speed_ratio and points_fraction (what scripts/grade reads) and prints
+// `measured` with the share. Returns the share.
+double record_time_ratio_points(double ratio, const std::string& measured, double full_within = 1.1,
+                                double none_at = 2.0);
+
 // The lab binary built from the same variant as this graded test binary ("mnist", "ddp-starter"):
 // defined per binary by tests/labs/CMakeLists.txt, which makes AMPLAB_LAB_BINARY call it.
 const char* lab_binary();
