@@ -24,19 +24,22 @@ def row_by_row_cases(bindir, out_root):
 
     def resumed_row_by_row():
         binary = bindir / "transformer_fp8"
+        # 150 steps a row (evaluated at 50, 100, 150): the stop at bf16's step 100 leaves a third
+        # of the row to the resume. Each run may take minutes where the machine is shared (CI runs
+        # two tests at once on two cores), hence the long limits.
         base = [str(binary), "--set", f"data.dir={TEXT}", "--set", "study.attention_study=false",
-                "--set", "study.plots=false", "--set", "run.deterministic=true"]
+                "--set", "study.plots=false", "--set", "run.deterministic=true", "--set", "study.steps=150"]
         whole_dir, parts_dir = tempfile.mkdtemp(dir=out_root), tempfile.mkdtemp(dir=out_root)
-        rc, out, _ = run(base + ["--set", f"run.out_dir={whole_dir}"], 300)
+        rc, out, _ = run(base + ["--set", f"run.out_dir={whole_dir}"], 450)
         if rc != 0:
             return "crash", f"the uninterrupted run failed: {out.strip()[-300:]!r}", " ".join(base)
         cmd = base + ["--set", f"run.out_dir={parts_dir}"]
-        rc, out, sent = run_stopped_at(cmd, r"bf16 step 100:", signal.SIGINT, 300)
+        rc, out, sent = run_stopped_at(cmd, r"bf16 step 100:", signal.SIGINT, 450)
         verdict = stopped_well(rc, out, sent, signal.SIGINT, parts_dir, "transformer_fp8", " ".join(cmd))
         if verdict[0] != "ok":
             return verdict
         resume = cmd + ["--resume", "latest"]
-        rc, out, _ = run(resume, 300)
+        rc, out, _ = run(resume, 450)
         if rc != 0:
             return "lost", f"the resumed run failed (exit {rc}): {out.strip()[-300:]!r}", " ".join(resume)
         kept = "fp32: finished by the run in" in out
@@ -54,7 +57,7 @@ def row_by_row_cases(bindir, out_root):
     if not (bindir / "transformer_fp8").exists():
         return []
     return [Case("stop/transformer_fp8/Ctrl-C in a row, then --resume latest: the uninterrupted table", "stop",
-                 resumed_row_by_row, 600)]
+                 resumed_row_by_row, 900)]
 
 
 def text_cases(bindir, out_root):
