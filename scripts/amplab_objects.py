@@ -54,7 +54,8 @@ REFUSED_CPP = re.compile(r"""(
     torch::serialize::|torch::(save|load|pickle_save|pickle_load)\b|torch::jit::|at::from_file|caffe2::serialize::|
     c10::(Pickler|Unpickler)|
     torch::distributed|c10d::|
-    at::native::|at::(clearCallbacks|clearThreadLocalCallbacks|clearGlobalCallbacks|removeCallback|enableRecordFunction)\b
+    at::native::|at::(clearCallbacks|clearThreadLocalCallbacks|clearGlobalCallbacks|removeCallback|enableRecordFunction|
+                      set_record_function_tls_)\b
 )""", re.VERBOSE)
 
 # Namespaces of others: a strong definition there replaces the library's; a weak one is a template

@@ -306,6 +306,14 @@ CASES = {
                                   "honest TODO 1 code that also clears the ops' observers, through which a graded test "
                                   "watches which kernels a TODO calls (TODO 4 must not hand its state machine to "
                                   "PyTorch's fused kernel): refused for the calls, as a whole"),
+    "op observers switched off through their thread state": ("#include <ATen/record_function.h>\n" + with_body(
+        SCALE_BODY.replace("  return loss * scale_;", "  auto observers = at::get_record_function_tls_();\n"
+                                                       "  observers.tls_record_function_enabled_ = false;\n"
+                                                       "  at::set_record_function_tls_(observers);\n"
+                                                       "  return loss * scale_;")), REFUSED,
+        "honest TODO 1 code that turns the ops' observers off by writing their thread-local state rather than "
+        "through enableRecordFunction (a graded test counts a TODO's matrix products through them): refused "
+        "for the call, as a whole"),
     "exit handler forges the end": (with_body(EXIT_HANDLER), REFUSED,
                                     "a TODO registers an exit handler (no static initializer): after the failed "
                                     "tests it prints gtest's passing lines and exits 0"),
