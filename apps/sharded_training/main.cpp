@@ -250,13 +250,14 @@ struct LossAgreement {
   bool same = false;
 };
 
-// The stages' losses are equal to the bit where every collective sums in one order: on the cpu
-// backend (rank order), and on two ranks (a + b is b + a). NCCL on more ranks sums all-reduce and
-// reduce-scatter in different orders, and AdamW's first step, lr x g / |g| per element, turns a
-// rounding difference on a gradient near zero into a whole step the other way: there the losses
-// only stay close.
-double loss_tolerance(const std::string& backend, int world) {
-  return backend != "nccl" || world <= 2 ? 1e-4 : 2e-2;
+// The stages' losses are equal to the bit on the cpu backend, where every collective sums in rank
+// order and every kernel gives the same bits each time. On GPUs neither is promised: NCCL on more
+// than two ranks sums all-reduce and reduce-scatter in different orders, and one H100 run of a
+// 537M-parameter MLP on a single rank saw DDP's losses leave ZeRO's by 0.3% within 12 steps.
+// AdamW's first step, lr x g / |g| per element, turns a rounding difference on a gradient near
+// zero into a whole step the other way: there the losses only stay close.
+double loss_tolerance(const std::string& backend) {
+  return backend != "nccl" ? 1e-4 : 2e-2;
 }
 
 struct StageRow {
@@ -330,7 +331,7 @@ LossAgreement record_stages(ZeroLab& lab, const Stages& st, int world, int64_t n
     }
     losses.add(cells);
   }
-  agreement.tolerance = loss_tolerance(backend, world);
+  agreement.tolerance = loss_tolerance(backend);
   agreement.same = agreement.largest <= agreement.tolerance;
   lab.results.set("world_size", world);
   lab.results.set("num_params", num_params);
@@ -366,7 +367,7 @@ void print_summary(ZeroLab& lab, const Stages& st, const LossAgreement& agreemen
   std::cout << "losses of the stages that trained" << (config.fsdp.fp32() ? "" : " (ZeRO-3 apart)") << " "
             << (agreement.same ? "match" : "DIFFER") << " (largest relative difference "
             << amplab::fixed(agreement.largest, 9) << " over " << config.train.steps << " steps; at most "
-            << agreement.tolerance << (agreement.tolerance < 1e-3 ? "" : ": NCCL sums in another order on more than two ranks")
+            << agreement.tolerance << (agreement.tolerance < 1e-3 ? "" : ": GPU kernels and NCCL's sums need not repeat to the bit")
             << ")\n";
   if (!config.fsdp.fp32() && !st.zero3.out_of_memory)
     std::cout << "ZeRO-3 in " << amplab::enum_to_string(config.fsdp.param_dtype) << " (reduced in "
