@@ -58,6 +58,11 @@ foreach(_file IN LISTS _amplab_lab_files)
     list(APPEND AMPLAB_MECHANISM_LABS ${_lab})
   endif()
 endforeach()
+# Every lab binary links the mechanism labs' code: building some labs (AMPLAB_LABS) builds those too.
+if(AMPLAB_LABS)
+  list(APPEND AMPLAB_LABS ${AMPLAB_MECHANISM_LABS})
+  list(REMOVE_DUPLICATES AMPLAB_LABS)
+endif()
 
 # <build>/generated/labs/<lab>/lab_identity.hpp: amplab::this_lab::kName and kTitle from the
 # lab's lab.yaml (read above), for its app (a private include of the app's target).
