@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -898,7 +899,7 @@ TEST(ShardedTrainingGpu, EveryStageTrainsLikeDdpAndZero3HoldsHalfOnTwoGpus_CUDA)
 // for the matmul before it (a prefetch issued too late, or none) shows. The reference runs in the course's own lab binary, built from the
 // solution: scripts/grade puts it beside the student's as <lab>-reference; in the instructor's
 // build the lab binary is the reference already. Full points within 10%, none at twice the
-// reference's time, a share in between.
+// reference's time, a share in between; none when the stages' losses do not match DDP's.
 double zero3_step_ms(bool reference, const std::string& out_dir) {
   std::string binary = test::binary_dir() + "/bin/" + AMPLAB_LAB_BINARY;
   const std::string course_binary = test::binary_dir() + "/bin/sharded_training-reference";
@@ -910,14 +911,29 @@ double zero3_step_ms(bool reference, const std::string& out_dir) {
     ADD_FAILURE() << "ZeRO-3 did not train: " << summary.dump();
     return 0;
   }
+  // Speed counts only for a step that trains as DDP does: a layer that skips its gather or its
+  // gradient is fast and wrong.
+  if (!summary.value("losses_match", false)) {
+    ADD_FAILURE() << "ZeRO-3's losses differ from DDP's by " << summary.value("largest_relative_loss_difference", -1.0)
+                  << " (relative): its time earns no points until it trains as DDP does";
+    return 0;
+  }
   return zero3->at("step_ms").get<double>();
 }
 
 TEST(ShardedTraining5_Speed, Zero3WithinTenPercentOfTheReference_CUDA) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   test::TempDir dir;
-  const double reference = zero3_step_ms(/*reference=*/true, dir.file("reference"));
-  const double mine = zero3_step_ms(/*reference=*/false, dir.file("yours"));
+  // Each side twice, taking turns, and each side's faster run: one machine's step time moved by
+  // 45% between two runs of the same binary, a minute apart.
+  double reference = 0, mine = 0;
+  for (int round = 0; round < 2; ++round) {
+    const double r = zero3_step_ms(/*reference=*/true, dir.file("reference-" + std::to_string(round)));
+    const double m = zero3_step_ms(/*reference=*/false, dir.file("yours-" + std::to_string(round)));
+    if (r <= 0 || m <= 0) break;
+    reference = round == 0 ? r : std::min(reference, r);
+    mine = round == 0 ? m : std::min(mine, m);
+  }
   ASSERT_GT(mine, 0);
   ASSERT_GT(reference, 0);
   test::record_time_ratio_points(mine / reference, "ZeRO-3 " + std::to_string(mine) + " ms/step, the reference " +
