@@ -7,6 +7,7 @@
 #include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/measure/gpu_timeline.hpp"
 #include "amplab/measure/timing.hpp"
+#include "support.hpp"
 
 namespace amplab {
 namespace {
@@ -23,6 +24,25 @@ TEST(Timing, SummaryQuantilesInterpolateAsNumpyDoes) {
   EXPECT_DOUBLE_EQ(even.q1, 1.75);
   EXPECT_DOUBLE_EQ(even.median, 2.5);
   EXPECT_DOUBLE_EQ(even.q3, 3.25);
+}
+
+// The graded speed tests' turns: reference, yours, reference, yours; each side's fastest; a
+// failed measure (0) ends the rounds before the other side runs again.
+TEST(Timing, SpeedTestsKeepEachSidesFastestTurnAndStopAtAFailure) {
+  std::vector<std::string> calls;
+  const auto times = test::fastest_of_turns(
+      [&](int round) { calls.push_back("reference " + std::to_string(round)); return round == 0 ? 12.0 : 10.0; },
+      [&](int round) { calls.push_back("yours " + std::to_string(round)); return round == 0 ? 11.0 : 15.0; });
+  EXPECT_EQ(calls, (std::vector<std::string>{"reference 0", "yours 0", "reference 1", "yours 1"}));
+  EXPECT_DOUBLE_EQ(times.reference, 10.0);
+  EXPECT_DOUBLE_EQ(times.mine, 11.0);
+
+  calls.clear();
+  const auto failed = test::fastest_of_turns(
+      [&](int) { calls.push_back("reference"); return 0.0; }, [&](int) { calls.push_back("yours"); return 5.0; });
+  EXPECT_EQ(calls, std::vector<std::string>{"reference"});
+  EXPECT_EQ(failed.reference, 0);
+  EXPECT_EQ(failed.mine, 0);
 }
 
 TEST(GpuMonitor, OnACpuDeviceItIsUnavailableAndReadsNothing) {

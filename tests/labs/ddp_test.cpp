@@ -1034,8 +1034,11 @@ double back_to_back_ms(const std::string& setting, const std::string& out_dir, b
 TEST(Ddp10_Speed, BucketedWithinTenPercentOfTheReference_CUDA) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   test::TempDir dir;
-  const double reference = back_to_back_ms("bucketed_fast", dir.file("reference"), /*reference=*/true);
-  const double mine = back_to_back_ms("bucketed", dir.file("yours"), /*reference=*/false);
+  const auto [reference, mine] = test::fastest_of_turns(
+      [&](int round) {
+        return back_to_back_ms("bucketed_fast", dir.file("reference-" + std::to_string(round)), /*reference=*/true);
+      },
+      [&](int round) { return back_to_back_ms("bucketed", dir.file("yours-" + std::to_string(round)), /*reference=*/false); });
   ASSERT_GT(mine, 0);
   ASSERT_GT(reference, 0);
   test::record_time_ratio_points(mine / reference, "bucketed " + std::to_string(mine) + " ms/step, the reference " +

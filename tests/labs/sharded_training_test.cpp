@@ -924,16 +924,9 @@ double zero3_step_ms(bool reference, const std::string& out_dir) {
 TEST(ShardedTraining5_Speed, Zero3WithinTenPercentOfTheReference_CUDA) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   test::TempDir dir;
-  // Each side twice, taking turns, and each side's faster run: one machine's step time moved by
-  // 45% between two runs of the same binary, a minute apart.
-  double reference = 0, mine = 0;
-  for (int round = 0; round < 2; ++round) {
-    const double r = zero3_step_ms(/*reference=*/true, dir.file("reference-" + std::to_string(round)));
-    const double m = zero3_step_ms(/*reference=*/false, dir.file("yours-" + std::to_string(round)));
-    if (r <= 0 || m <= 0) break;
-    reference = round == 0 ? r : std::min(reference, r);
-    mine = round == 0 ? m : std::min(mine, m);
-  }
+  const auto [reference, mine] = test::fastest_of_turns(
+      [&](int round) { return zero3_step_ms(/*reference=*/true, dir.file("reference-" + std::to_string(round))); },
+      [&](int round) { return zero3_step_ms(/*reference=*/false, dir.file("yours-" + std::to_string(round))); });
   ASSERT_GT(mine, 0);
   ASSERT_GT(reference, 0);
   test::record_time_ratio_points(mine / reference, "ZeRO-3 " + std::to_string(mine) + " ms/step, the reference " +

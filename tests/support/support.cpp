@@ -132,6 +132,19 @@ double record_time_ratio_points(double ratio, const std::string& measured, doubl
   return fraction;
 }
 
+TimesOfTurns fastest_of_turns(const std::function<double(int round)>& reference,
+                              const std::function<double(int round)>& mine, int rounds) {
+  TimesOfTurns best;
+  for (int round = 0; round < rounds; ++round) {
+    const double r = reference(round);
+    const double m = r > 0 ? mine(round) : 0;
+    if (r <= 0 || m <= 0) break;
+    best.reference = round == 0 ? r : std::min(best.reference, r);
+    best.mine = round == 0 ? m : std::min(best.mine, m);
+  }
+  return best;
+}
+
 namespace detail {
 
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,

@@ -86,6 +86,16 @@ std::string binary_dir();
 double record_time_ratio_points(double ratio, const std::string& measured, double full_within = 1.1,
                                 double none_at = 2.0);
 
+// The reference's time and yours for a partial speed test: each measured `rounds` times, taking
+// turns (the reference first), each side's fastest kept, since one machine's step time can move
+// by more than the 10% the points allow between two runs a minute apart. Each measure gets its
+// round and returns a time, or 0 after reporting a failure, which ends the rounds.
+struct TimesOfTurns {
+  double reference = 0, mine = 0;
+};
+TimesOfTurns fastest_of_turns(const std::function<double(int round)>& reference,
+                              const std::function<double(int round)>& mine, int rounds = 2);
+
 // The lab binary built from the same variant as this graded test binary ("mnist", "ddp-starter"):
 // defined per binary by tests/labs/CMakeLists.txt, which makes AMPLAB_LAB_BINARY call it.
 const char* lab_binary();
