@@ -85,6 +85,7 @@ struct BenchTimes {
   double back_to_back = 0;                 // ms/step, steps queued without waiting
   std::vector<double> back_to_back_phases;  // the last back-to-back window's
   nlohmann::json gpu, gpu_back_to_back;    // every rank's GPU reading while timing
+  nlohmann::json ranks_agree;              // every rank's parameters the same after the timed steps (null: alone)
 };
 
 // bench.trace: the profiler's traces of `step` (waited for, then back to back) and two more
@@ -148,6 +149,9 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
                           fused_optimizer);
   PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
   trainer.set_gradient_sync(&phases);
+  // Each rank its own batch, as in data-parallel training: a sync that averaged nothing would
+  // leave the ranks' parameters apart, which the check after the timing sees.
+  torch::manual_seed(1 + setup.world.rank);
   amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
   auto step = [&] {
     phases.start_step();
@@ -179,6 +183,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
   t.back_to_back = amplab::summarize(amplab::time_back_to_back(step, setup.device, b.steps, 3)).median;
   t.gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
   t.back_to_back_phases = phases.medians();  // the last window's steps
+  if (!setting.alone) t.ranks_agree = check_parameters_identical(*setup.comm, *mlp).identical;
   return t;
 }
 
@@ -201,7 +206,8 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
                           {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2}, {"after_backward_ms", "after backward", ms2},
                           {"back_to_back_step_ms", "back-to-back ms/step", ms2},
                           {"back_to_back_efficiency", "efficiency", amplab::percent_of_one(1)},
-                          {"samples_per_s", "samples/s (all ranks)", amplab::decimals(0)}, {"sm_clock", "SM clock"}});
+                          {"samples_per_s", "samples/s (all ranks)", amplab::decimals(0)}, {"sm_clock", "SM clock"},
+                          {"ranks_agree", "same parameters on every rank"}});
   results.table("back_to_back", {{"setting", "setting (back to back)"}, {"forward_ms", "forward", ms2}, {"backward_ms", "backward", ms2},
                                  {"after_backward_ms", "after backward", ms2}, {"step_ms", "ms/step", ms2},
                                  {"sm_clock", "SM clock"}, {"power", "power"}, {"power_capped", "power-capped"}});
@@ -217,7 +223,8 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
         {setting.name, t.each.median, t.each.iqr, alone.each.median / t.each.median,
          setting.alone ? nlohmann::json() : nlohmann::json(t.each.median - alone.each.median), p[0], p[1], p[2],
          t.back_to_back, alone.back_to_back / t.back_to_back,
-         static_cast<double>(b.batch * world.world_size) / (t.back_to_back / 1e3), per_rank(t.gpu, "sm_mhz", 1, " MHz")});
+         static_cast<double>(b.batch * world.world_size) / (t.back_to_back / 1e3), per_rank(t.gpu, "sm_mhz", 1, " MHz"),
+         t.ranks_agree});
     results.table("back_to_back").add({setting.name, q[0], q[1], q[2], t.back_to_back, per_rank(g, "sm_mhz", 1, " MHz"),
                                        per_rank(g, "watts", 1, " W"), per_rank(g, "power_capped_fraction", 100, "%")});
     readings.push_back({{"setting", setting.name}, {"each", t.gpu}, {"back_to_back", g}});

@@ -1024,8 +1024,17 @@ double back_to_back_ms(const std::string& setting, const std::string& out_dir, b
   for (const auto& entry : std::filesystem::recursive_directory_iterator(out_dir)) {
     if (entry.path().filename() != "summary.json") continue;
     auto summary = nlohmann::json::parse(std::ifstream(entry.path()));
-    for (const auto& row : summary.at("bench"))
-      if (row.at("setting") != "alone") return row.at("back_to_back_step_ms").get<double>();
+    for (const auto& row : summary.at("bench")) {
+      if (row.at("setting") == "alone") continue;
+      // Speed counts only for a sync that leaves every rank with the same parameters (each rank
+      // has its own batch): one that averages nothing is fast and wrong.
+      if (!row.value("ranks_agree", false)) {
+        ADD_FAILURE() << row.at("setting") << " left the ranks with different parameters after its steps: its "
+                      << "time earns no points until every rank gets the averaged gradients";
+        return 0;
+      }
+      return row.at("back_to_back_step_ms").get<double>();
+    }
   }
   ADD_FAILURE() << "no bench row in " << out_dir << ":\n" << out;
   return 0;
