@@ -5,7 +5,8 @@ lab (build/bin/sharded_training --set run.trace=true: trace-zero-3.json): every 
 its stream, start (ms after the step's first kernel) and duration, then per stream the busy time
 and the last end; and a line per step (first kernel to last kernel, and the idle gap before it).
 A kernel belongs to the step whose host range launched it, so this also reads the back-to-back
-traces, where the host queues a step while the GPU still runs the one before.
+traces, where the host queues a step while the GPU still runs the one before; a kernel launched
+outside every step's range (between steps, or after the last: a checkpoint's copies) belongs to none.
     python3 bench/trace_steps.py runs/ddp/<time>/trace_ddp_overlap.json [--step K] [--all]
     python3 bench/trace_steps.py runs/sharded_training/<time>/trace-zero-3.json"""
 import argparse
@@ -26,8 +27,9 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"trace_steps.py: cannot read {args.trace}: {e}")
     # The host's step ranges (the GPU time line repeats them as gpu_user_annotation: not those).
-    steps = sorted(e["ts"] for e in events
-                   if e.get("name") == "amplab_step" and e.get("ph") == "X" and e.get("cat") == "user_annotation")
+    ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                    if e.get("name") == "amplab_step" and e.get("ph") == "X" and e.get("cat") == "user_annotation")
+    steps = [start for start, _ in ranges]
     if not steps:
         sys.exit(f"trace_steps.py: {args.trace} has no amplab_step ranges: the trace ended before the first "
                  "step (a large model takes longer to set up than the traced seconds: raise run.trace_seconds, "
@@ -41,7 +43,7 @@ def main():
     for k in kernels:
         when = launched.get(k.get("args", {}).get("correlation"), k["ts"])
         i = bisect.bisect_right(steps, when) - 1
-        if i >= 0:
+        if i >= 0 and when <= ranges[i][1]:  # launched after its host range ended: between steps, or after the last
             by_step[i].append(k)
     if not -len(steps) <= args.step < len(steps):
         sys.exit(f"trace_steps.py: --step {args.step}: the trace has {len(steps)} step(s) (0..{len(steps) - 1})")
