@@ -1,4 +1,5 @@
 // Timing helpers: order statistics as numpy computes them, and the GPU monitor on a CPU device.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -43,6 +44,16 @@ TEST(Timing, SpeedTestsKeepEachSidesFastestTurnAndStopAtAFailure) {
   EXPECT_EQ(calls, std::vector<std::string>{"reference"});
   EXPECT_EQ(failed.reference, 0);
   EXPECT_EQ(failed.mine, 0);
+}
+
+// The speed tests read the run's own summary.json, never one written deeper in its directory
+// (a checkpoint directory the lab's code writes into).
+TEST(Timing, SpeedTestsReadOnlyTheRunsOwnSummary) {
+  test::TempDir dir;
+  dir.write("runs/ddp/20260101-000000/zero3-checkpoint/summary.json", R"({"forged": true})");
+  EXPECT_NONFATAL_FAILURE(EXPECT_TRUE(test::lab_run_summary(dir.file("runs")).is_null()), "no <lab>/<stamp>/summary.json");
+  dir.write("runs/ddp/20260101-000000/summary.json", R"({"bench": []})");
+  EXPECT_TRUE(test::lab_run_summary(dir.file("runs")).contains("bench"));
 }
 
 TEST(GpuMonitor, OnACpuDeviceItIsUnavailableAndReadsNothing) {

@@ -1021,9 +1021,8 @@ double back_to_back_ms(const std::string& setting, const std::string& out_dir, b
                         "--set", "run.out_dir=" + out_dir},
                        &out, 300);
   EXPECT_EQ(code, 0) << out;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(out_dir)) {
-    if (entry.path().filename() != "summary.json") continue;
-    auto summary = nlohmann::json::parse(std::ifstream(entry.path()));
+  const nlohmann::json summary = test::lab_run_summary(out_dir);
+  if (summary.contains("bench")) {
     for (const auto& row : summary.at("bench")) {
       if (row.at("setting") == "alone") continue;
       // Speed counts only for a sync that leaves every rank with the same parameters (each rank

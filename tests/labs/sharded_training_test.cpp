@@ -859,11 +859,9 @@ nlohmann::json lab_summary_on_two_gpus(const std::string& binary, const std::str
   std::string out;
   const int code = test::run(command, &out, 300);
   EXPECT_EQ(code, 0) << out;
-  if (std::filesystem::exists(out_dir))
-    for (const auto& entry : std::filesystem::recursive_directory_iterator(out_dir))
-      if (entry.path().filename() == "summary.json") return nlohmann::json::parse(std::ifstream(entry.path()));
-  ADD_FAILURE() << "no summary.json under " << out_dir << ":\n" << out;
-  return {};
+  const nlohmann::json summary = test::lab_run_summary(out_dir);
+  if (summary.is_null()) ADD_FAILURE() << out;
+  return summary;
 }
 
 const nlohmann::json* stage_row(const nlohmann::json& summary, const std::string& stage) {

@@ -132,6 +132,17 @@ double record_time_ratio_points(double ratio, const std::string& measured, doubl
   return fraction;
 }
 
+nlohmann::json lab_run_summary(const std::string& out_dir) {
+  std::error_code error;
+  for (const auto& lab : std::filesystem::directory_iterator(out_dir, error))
+    for (const auto& run : std::filesystem::directory_iterator(lab.path(), error)) {
+      const auto path = run.path() / "summary.json";
+      if (std::filesystem::is_regular_file(path)) return nlohmann::json::parse(std::ifstream(path));
+    }
+  ADD_FAILURE() << "no <lab>/<stamp>/summary.json under " << out_dir;
+  return {};
+}
+
 TimesOfTurns fastest_of_turns(const std::function<double(int round)>& reference,
                               const std::function<double(int round)>& mine, int rounds) {
   TimesOfTurns best;

@@ -86,6 +86,11 @@ std::string binary_dir();
 double record_time_ratio_points(double ratio, const std::string& measured, double full_within = 1.1,
                                 double none_at = 2.0);
 
+// The summary.json of the one lab run under `out_dir` (run.out_dir): out_dir/<lab>/<stamp>/summary.json
+// only, never a file of that name deeper down (a checkpoint directory the lab's code writes into
+// lies inside the run's). Null, with a failure naming out_dir, when there is none.
+nlohmann::json lab_run_summary(const std::string& out_dir);
+
 // The reference's time and yours for a partial speed test: each measured `rounds` times, taking
 // turns (the reference first), each side's fastest kept, since one machine's step time can move
 // by more than the 10% the points allow between two runs a minute apart. Each measure gets its
