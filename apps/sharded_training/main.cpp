@@ -1,4 +1,5 @@
-// Lab 8, sharded data parallelism: the same MLP trained on the same data, first as DDP (the
+// Lab 8, sharded data parallelism: the same model (an MLP, or with model.kind=gpt lab 7's GPT at
+// GPT-2's sizes) trained on the same data, first as DDP (the
 // gradients all-reduced, every rank stepping the whole model with torch's AdamW), then with your
 // ZeRO-1, ZeRO-2 and ZeRO-3 (labs/sharded_training/sharded_training.hpp): the state each rank
 // holds against your estimate, the step time, and the losses side by side. Launch with our
@@ -36,27 +37,26 @@ using zero_lab::TrafficCounter;
 using zero_lab::ZeroConfig;
 using ZeroLab = amplab::Lab<ZeroConfig>;
 
-// The MLP, made from run.seed: every rank builds the same one (the init runs on the CPU).
-torch::nn::Sequential make_mlp(const ZeroConfig& config, torch::Device device) {
-  torch::manual_seed(static_cast<uint64_t>(config.run.seed));
-  torch::nn::Sequential mlp;
-  for (int64_t i = 0; i < config.model.layers; ++i) {
-    mlp->push_back(torch::nn::Linear(config.model.width, config.model.width));
-    if (i + 1 < config.model.layers) mlp->push_back(torch::nn::ReLU());
-  }
-  mlp->to(device);
-  return mlp;
+// The model, made from run.seed on the CPU (every rank builds the same one), on `device`.
+std::shared_ptr<zero_lab::LabModel> make_model(const ZeroConfig& config, torch::Device device) {
+  const auto seed = static_cast<uint64_t>(config.run.seed);
+  const auto& m = config.model;
+  std::shared_ptr<zero_lab::LabModel> model;
+  if (m.kind == zero_lab::ModelKind::mlp)
+    model = std::make_shared<zero_lab::Mlp>(m.width, m.layers, m.batch, seed);
+  else
+    model = std::make_shared<zero_lab::Gpt>(zero_lab::GptShape{m.layers, m.width, m.heads, m.context, m.vocab, m.batch}, seed);
+  model->to(device);
+  return model;
 }
 
-// Step `step`'s data on this rank: its rows of a global batch drawn from run.seed and the step,
-// the targets a fixed function of the inputs. Every stage sees the same batches.
-std::pair<torch::Tensor, torch::Tensor> batch_of(const ZeroConfig& config, const amplab::dist::Communicator& comm,
-                                                 int step, torch::Device device) {
-  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(config.run.seed) * 1000003 + step);
-  const int64_t rows = config.model.batch;
-  auto x = at::randn({rows * comm.size(), config.model.width}, gen).narrow(0, rows * comm.rank(), rows);
-  auto y = torch::sin(x * 2).roll(1, 1);
-  return {x.to(device), y.to(device)};
+// "MLP 4 x Linear(1024)", "GPT 24 blocks x width 1024, 16 heads, context 1024, vocabulary 50304".
+std::string model_name(const ZeroConfig& config) {
+  const auto& m = config.model;
+  if (m.kind == zero_lab::ModelKind::mlp)
+    return "MLP " + std::to_string(m.layers) + " x Linear(" + std::to_string(m.width) + ")";
+  return "GPT " + std::to_string(m.layers) + " blocks x width " + std::to_string(m.width) + ", " + std::to_string(m.heads) +
+         " heads, context " + std::to_string(m.context) + ", vocabulary " + std::to_string(m.vocab);
 }
 
 struct StageRun {
@@ -78,22 +78,23 @@ void measure_memory(StageRun& run, torch::Device device, const amplab::MemoryRea
   run.peak_bytes = now.peak_allocated - start.allocated;
 }
 
-// Trains config.train.steps steps of `forward`; `step()` is the stage's optimizer step after backward.
-StageRun train(const ZeroConfig& config, TrafficCounter& comm,
+// Trains config.train.steps steps of `forward` on `model`'s batches and loss; `step()` is the
+// stage's optimizer step after backward.
+StageRun train(const ZeroConfig& config, TrafficCounter& comm, const zero_lab::LabModel& model,
                const std::function<torch::Tensor(const torch::Tensor&)>& forward, torch::Device device,
                const std::function<void()>& zero_grad, const std::function<void()>& step) {
   StageRun out;
   std::vector<double> times, sent;
   amplab::DeviceTimer timer(device);
   for (int s = 0; s < config.train.steps; ++s) {
-    auto [x, y] = batch_of(config, comm, s, device);
+    auto [x, y] = model.batch(static_cast<uint64_t>(config.run.seed), s, comm.rank(), comm.size(), device);
     comm.reset();
     torch::Tensor loss;
     timer.start();
     {
       RECORD_USER_SCOPE("amplab_step");  // the step's bounds in a run.trace trace (bench/trace_steps.py)
       zero_grad();
-      loss = torch::mse_loss(forward(x), y);
+      loss = model.loss(forward(x), y);
       loss.backward();
       step();
     }
@@ -118,20 +119,20 @@ StageRun train(const ZeroConfig& config, TrafficCounter& comm,
   return out;
 }
 
-std::function<torch::Tensor(const torch::Tensor&)> forward_of(torch::nn::Sequential& mlp) {
-  return [&mlp](const torch::Tensor& x) { return mlp->forward(x); };
+std::function<torch::Tensor(const torch::Tensor&)> forward_of(zero_lab::LabModel& model) {
+  return [&model](const torch::Tensor& x) { return model.forward(x); };
 }
 
 // DDP: every gradient averaged by one all-reduce, then torch's AdamW on the whole model.
 StageRun train_ddp(const ZeroConfig& config, TrafficCounter& comm, torch::Device device) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
-  auto mlp = make_mlp(config, device);
-  torch::optim::AdamW adamw(mlp->parameters(), torch::optim::AdamWOptions(config.train.lr)
-                                                   .weight_decay(config.train.weight_decay));
-  StageRun run = train(config, comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] {
+  auto model = make_model(config, device);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(config.train.lr)
+                                                     .weight_decay(config.train.weight_decay));
+  StageRun run = train(config, comm, *model, forward_of(*model), device, [&] { adamw.zero_grad(); }, [&] {
     std::vector<torch::Tensor> grads;
-    for (auto& p : mlp->parameters()) grads.push_back(p.grad());
+    for (auto& p : model->parameters()) grads.push_back(p.grad());
     comm.all_reduce_mean(grads)->wait();
     adamw.step();
   });
@@ -154,31 +155,31 @@ zero_lab::AdamWOptions adamw_options(const ZeroConfig& config) {
 StageRun train_zero1(const ZeroConfig& config, std::shared_ptr<TrafficCounter> comm, torch::Device device) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
-  auto mlp = make_mlp(config, device);
-  zero_lab::ShardedAdamW adamw(mlp->parameters(), comm, adamw_options(config));
-  StageRun run = train(config, *comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  auto model = make_model(config, device);
+  zero_lab::ShardedAdamW adamw(model->parameters(), comm, adamw_options(config));
+  StageRun run = train(config, *comm, *model, forward_of(*model), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
   measure_memory(run, device, start);
   return run;
 }
 
-// ZeRO-2: your ShardedGradientsAdamW, one bucket per Linear layer (its weight and bias).
+// ZeRO-2: your ShardedGradientsAdamW, one bucket per unit (a Linear's weight and bias, a block's
+// parameters).
 StageRun train_zero2(const ZeroConfig& config, std::shared_ptr<TrafficCounter> comm, torch::Device device) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
-  auto mlp = make_mlp(config, device);
+  auto model = make_model(config, device);
   std::vector<std::vector<torch::Tensor>> buckets;
-  for (const auto& layer : mlp->children())
-    if (auto params = layer->parameters(); !params.empty()) buckets.push_back(params);
+  for (const auto& unit : model->units()) buckets.push_back(unit->parameters());
   zero_lab::ShardedGradientsAdamW adamw(buckets, comm, adamw_options(config));
-  StageRun run = train(config, *comm, forward_of(mlp), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
+  StageRun run = train(config, *comm, *model, forward_of(*model), device, [&] { adamw.zero_grad(); }, [&] { adamw.step(); });
   run.state_bytes = adamw.state_bytes();
   measure_memory(run, device, start);
   return run;
 }
 
 // This rank's training state of a ZeRO-3 model, copied to the CPU: each unit's shard and moments.
-std::vector<torch::Tensor> shards_on_cpu(zero_lab::FullyShardedMlp& model) {
+std::vector<torch::Tensor> shards_on_cpu(zero_lab::FullyShardedModel& model) {
   std::vector<torch::Tensor> out;
   for (auto& unit : model.units())
     for (const auto& t : {unit.shard.detach(), unit.exp_avg, unit.exp_avg_sq}) out.push_back(t.cpu());
@@ -189,12 +190,12 @@ std::vector<torch::Tensor> shards_on_cpu(zero_lab::FullyShardedMlp& model) {
 // model once the trained one is gone (where one model barely fits, two do not): whether every
 // rank's shards, moments and step count came back to the bit, and the bytes of this rank's file.
 nlohmann::json checkpoint_round_trip(const ZeroConfig& config, std::shared_ptr<TrafficCounter> comm, torch::Device device,
-                                     std::unique_ptr<zero_lab::FullyShardedMlp> trained, const std::string& dir) {
+                                     std::unique_ptr<zero_lab::FullyShardedModel> trained, const std::string& dir) {
   zero_lab::save_sharded(*trained, dir);
   const std::vector<torch::Tensor> saved = shards_on_cpu(*trained);
   const int64_t steps = trained->steps();
   trained.reset();
-  zero_lab::FullyShardedMlp loaded(make_mlp(config, device), comm, adamw_options(config));
+  zero_lab::FullyShardedModel loaded(make_model(config, device), comm, adamw_options(config));
   zero_lab::load_sharded(loaded, dir);
   const std::vector<torch::Tensor> restored = shards_on_cpu(loaded);
   bool differs = loaded.steps() != steps || restored.size() != saved.size();
@@ -204,22 +205,22 @@ nlohmann::json checkpoint_round_trip(const ZeroConfig& config, std::shared_ptr<T
   return {{"dir", dir}, {"restored_to_the_bit", !differs}, {"bytes_per_rank", std::filesystem::file_size(mine)}};
 }
 
-// ZeRO-3: your FullyShardedMlp, one unit per Linear layer, each gathered for its forward and
-// backward and prefetched one layer ahead; then its checkpoint's round trip (with a run directory).
+// ZeRO-3: your FullyShardedModel, each unit gathered for its forward and backward and prefetched
+// one unit ahead; then its checkpoint's round trip (with a run directory).
 StageRun train_zero3(const ZeroConfig& config, std::shared_ptr<TrafficCounter> comm, torch::Device device,
                      const std::string& checkpoint_dir, nlohmann::json& checkpoint) {
   amplab::reset_peak_memory(device);
   const amplab::MemoryReading start = amplab::read_memory(device);
   const zero_lab::ShardedPrecision precision{zero_lab::ZeroFsdpConfig::scalar_type(config.fsdp.param_dtype),
                                              zero_lab::ZeroFsdpConfig::scalar_type(config.fsdp.reduce_dtype)};
-  auto model = std::make_unique<zero_lab::FullyShardedMlp>(make_mlp(config, device), comm, adamw_options(config),
-                                                           /*prefetch=*/true, precision);
+  auto model = std::make_unique<zero_lab::FullyShardedModel>(make_model(config, device), comm, adamw_options(config),
+                                                             /*prefetch=*/true, precision);
   // The model is made whole and then cut into shards (FSDP initializes layer by layer, or on the
   // meta device): the peak that matters is training's, from here.
   amplab::reset_peak_memory(device);
   StageRun run = train(
-      config, *comm, [&](const torch::Tensor& x) { return model->forward(x); }, device, [&] { model->zero_grad(); },
-      [&] { model->step(); });
+      config, *comm, model->model(), [&](const torch::Tensor& x) { return model->forward(x); }, device,
+      [&] { model->zero_grad(); }, [&] { model->step(); });
   run.state_bytes = model->state_bytes();
   measure_memory(run, device, start);
   if (!checkpoint_dir.empty()) checkpoint = checkpoint_round_trip(config, comm, device, std::move(model), checkpoint_dir);
@@ -275,25 +276,30 @@ std::vector<StageRow> stage_rows(const ZeroConfig& config, const Stages& st) {
 // formula, its memory, speed and last loss; a stage that ran out of memory keeps its estimates.
 void record_stage_table(ZeroLab& lab, const Stages& st, int world, int64_t num_params) {
   const ZeroConfig& config = lab.config;
+  const bool gpt = config.model.kind == zero_lab::ModelKind::gpt;
   auto& stages = lab.results.table(
       "stages", {{"stage", "stage"}, {"outcome", "outcome"}, {"state_bytes", "optimizer state (bytes, this rank)", decimals(0)},
                  {"estimate_bytes", "your estimate", decimals(0)}, {"total_estimate_bytes", "params + grads + state", decimals(0)},
                  {"held_bytes", "held (GPU)", decimals(0)}, {"peak_bytes", "peak (GPU)", decimals(0)},
                  {"sent_bytes", "sent (bytes/step)", decimals(0)}, {"expected_sent_bytes", "formula", decimals(0)},
-                 {"step_ms", "ms/step", decimals(3)}, {"samples_per_s", "samples/s (all ranks)", decimals(0)},
+                 {"step_ms", "ms/step", decimals(3)},
+                 {"samples_per_s", gpt ? "tokens/s (all ranks)" : "samples/s (all ranks)", decimals(0)},
                  {"final_loss", "final loss", decimals(6)}});
   const int param_bytes = config.fsdp.param_dtype == zero_lab::FsdpDtype::bfloat16 ? 2 : 4;
   const int reduce_bytes = config.fsdp.reduce_dtype == zero_lab::FsdpDtype::bfloat16 ? 2 : 4;
   for (const StageRow& row : stage_rows(config, st)) {
     const auto estimate = zero_lab::estimate_memory(num_params, world, row.stage, /*mixed_precision=*/false);
-    const double expected_sent = zero_lab::expected_traffic(row.stage, world, num_params, param_bytes, reduce_bytes);
+    const double expected_sent = zero_lab::expected_traffic(row.stage, world, num_params, param_bytes, reduce_bytes,
+                                                            config.model.gathered_once());
     const StageRun& r = *row.run;
     if (r.out_of_memory) {
       stages.add({row.name, "out of memory", nullptr, estimate.optimizer_state, estimate.total(), nullptr, nullptr, nullptr,
                   expected_sent, nullptr, nullptr, nullptr});
       continue;
     }
-    const double samples_per_s = r.step_ms > 0 ? 1000.0 * static_cast<double>(config.model.batch * world) / r.step_ms : 0;
+    const int64_t per_row = gpt ? config.model.context : 1;
+    const double samples_per_s =
+        r.step_ms > 0 ? 1000.0 * static_cast<double>(config.model.batch * per_row * world) / r.step_ms : 0;
     stages.add({row.name, "trained", r.state_bytes, estimate.optimizer_state, estimate.total(), r.held_bytes, r.peak_bytes,
                 r.sent_bytes, expected_sent, r.step_ms, samples_per_s, r.losses.back()});
   }
@@ -350,9 +356,8 @@ LossAgreement record_stages(ZeroLab& lab, const Stages& st, int world, int64_t n
 void print_summary(ZeroLab& lab, const Stages& st, const LossAgreement& agreement, int world, const std::string& backend,
                    int64_t num_params) {
   const ZeroConfig& config = lab.config;
-  lab.results.print("stages", "DDP and ZeRO-1, 2 and 3 on " + std::to_string(world) + " rank(s), " + backend + ", MLP " +
-                                  std::to_string(config.model.layers) + " x Linear(" + std::to_string(config.model.width) +
-                                  "), " + std::to_string(num_params) + " parameters",
+  lab.results.print("stages", "DDP and ZeRO-1, 2 and 3 on " + std::to_string(world) + " rank(s), " + backend + ", " +
+                                  model_name(config) + ", " + std::to_string(num_params) + " parameters",
                     "optimizer state: the bytes of AdamW's moments this rank holds; your estimate: estimate_memory's "
                     "optimizer_state (fp32, stage 0 for ddp, 1-3 for zero-1 to zero-3) and its total; held: what the "
                     "CUDA allocator holds for the stage after training (model, gradients, optimizer), peak: its "
@@ -427,9 +432,9 @@ int run_rank(ZeroLab& lab) {
     c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
   }
   const int world = comm->size();
-  const int64_t width = config.model.width, num_params = config.model.layers * (width * width + width);
-  amplab::log::info(lab.world.describe() + ", " + comm->backend() + "; the MLP has " + std::to_string(num_params) +
-                    " parameters");
+  const int64_t num_params = config.model.parameter_count();
+  amplab::log::info(lab.world.describe() + ", " + comm->backend() + "; " + model_name(config) + ", " +
+                    std::to_string(num_params) + " parameters");
 
   // cuBLAS allocates its workspace through the CUDA allocator at the first matmul: here, so that
   // the first stage's memory does not count it.
@@ -455,7 +460,7 @@ int run_rank(ZeroLab& lab) {
 
 int main(int argc, char** argv) {
   amplab::LabInfo info{.name = amplab::this_lab::kName, .title = amplab::this_lab::kTitle, .accepts_resume = false,
-                       .size_keys = "model.width, model.layers or model.batch", .resume_help = "",
+                       .size_keys = "model.width, model.layers, model.batch or model.context", .resume_help = "",
                        .one_process_per_rank = true};
   return amplab::lab_main<ZeroConfig>(argc, argv, info, nullptr, run_rank);
 }

@@ -13,17 +13,41 @@
 
 namespace zero_lab {
 
+// The models the stages train (models.hpp).
+enum class ModelKind { mlp, gpt };
+inline constexpr std::pair<ModelKind, const char*> kModelKindNames[] = {{ModelKind::mlp, "mlp"}, {ModelKind::gpt, "gpt"}};
+inline std::span<const std::pair<ModelKind, const char*>> enum_names(ModelKind) { return kModelKindNames; }
+
 struct ZeroModelConfig {
+  ModelKind kind = ModelKind::mlp;
   int64_t width = 1024, layers = 4, batch = 64;
+  int64_t heads = 4, context = 64, vocab = 256;  // the GPT's
 
   template <class V>
   void fields(V& v) {
-    v.field("width", width, "width of the MLP (layers x Linear(width, width) with ReLU between)",
+    v.field("kind", kind,
+            "mlp: layers x Linear(width, width) with ReLU between; gpt: lab 7's GPT with GPT-2's biases, its "
+            "output layer tied to the token embedding (GPT-2 medium: layers 24, width 1024, heads 16, context 1024, "
+            "vocab 50304)");
+    v.field("width", width, "width of the MLP, or the GPT's embedding width", amplab::Range<int64_t>::at_least(1));
+    v.field("layers", layers, "Linear layers of the MLP, or the GPT's blocks", amplab::Range<int64_t>::at_least(1));
+    v.field("batch", batch,
+            "samples (MLP) or sequences of model.context tokens (GPT) per rank per step (the global batch is "
+            "world size x batch)",
             amplab::Range<int64_t>::at_least(1));
-    v.field("layers", layers, "Linear layers of the MLP", amplab::Range<int64_t>::at_least(1));
-    v.field("batch", batch, "samples per rank per step (the global batch is world size x batch)",
-            amplab::Range<int64_t>::at_least(1));
+    v.field("heads", heads, "the GPT's attention heads (model.width must be a multiple)", amplab::Range<int64_t>::at_least(1));
+    v.field("context", context, "the GPT's sequence length", amplab::Range<int64_t>::at_least(1));
+    v.field("vocab", vocab, "the GPT's vocabulary (random tokens)", amplab::Range<int64_t>::at_least(2));
   }
+
+  // The model's parameters (the GPT's tied matrix once), without building it.
+  int64_t parameter_count() const {
+    if (kind == ModelKind::mlp) return layers * (width * width + width);
+    return vocab * width + context * width + 2 * width + layers * (12 * width * width + 13 * width);
+  }
+  // Of those, the ones ZeRO-3 gathers once a step (the GPT's embeddings and final LayerNorm,
+  // kept whole from forward to backward).
+  int64_t gathered_once() const { return kind == ModelKind::mlp ? 0 : vocab * width + context * width + 2 * width; }
 };
 
 struct ZeroTrainConfig {

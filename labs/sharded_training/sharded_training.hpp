@@ -19,17 +19,17 @@
 // steps a rank holds only its shard of each bucket's gradient.
 //
 // ZeRO-3 (FSDP) shards the parameters too. Between two uses a rank holds only its shard of each
-// layer. A layer's forward all-gathers its whole parameters, computes, and lets them go. Its
-// backward gathers them again, computes both gradients, and reduce-scatters the weight's
-// gradient to the shards. While one layer computes, the next one's all-gather is already on its
-// way (a prefetch).
+// unit (a layer, a transformer block). A unit's forward all-gathers its whole parameters,
+// computes, and lets them go. Its backward gathers them again, computes the gradients, and
+// reduce-scatters them to the shards. While one unit computes, the next one's all-gather is
+// already on its way (a prefetch).
 //
 //   flat_layout           where each parameter sits and how the buffer is cut      (TODO sharded_training-1)
 //   adamw_shard_step      AdamW on one shard                                       (TODO sharded_training-2)
 //   ShardedAdamW          ZeRO-1's step: reduce-scatter, AdamW on a shard, all-gather (TODO sharded_training-2)
 //   estimate_memory       bytes per rank of each part of the training state        (TODO sharded_training-3)
 //   ShardedGradientsAdamW ZeRO-2: each bucket reduce-scattered as backward finishes it (TODO sharded_training-4)
-//   FullyShardedMlp       ZeRO-3: each layer gathered for its forward and backward, then freed (TODO sharded_training-5)
+//   FullyShardedModel     ZeRO-3: each unit gathered for its forward and backward, then freed (TODO sharded_training-5)
 //   save_sharded, load_sharded  ZeRO-3's checkpoint: each rank writes and reads its own shards (TODO sharded_training-6)
 //   load_resharded        that checkpoint loaded on another number of ranks             (TODO sharded_training-7)
 #pragma once
@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "amplab/dist/communicator.hpp"
+#include "models.hpp"
 
 namespace zero_lab {
 
@@ -164,63 +165,86 @@ struct ShardedPrecision {
   torch::ScalarType param_dtype = torch::kFloat32, reduce_dtype = torch::kFloat32;
 };
 
-// ZeRO-3 (FSDP) for an MLP: every torch::nn::Linear of `mlp` becomes a unit whose weight and bias
-// live only as this rank's shard of one flat buffer [weight | bias | padding] (laid out by
-// flat_layout); the other layers (ReLU, Tanh...) run as they are. The constructor, forward's
-// loop, gather, prefetch and the gradient's reduce-scatter are given
-// (labs/sharded_training/given/fully_sharded_mlp.cpp); the Linear's forward and backward
-// (sharded_linear) and the step are yours (fully_sharded.cpp). Every rank must pass the same
-// model with the same values.
-class FullyShardedMlp {
+// ZeRO-3 (FSDP) for a LabModel (models.hpp): each of the model's units (a Linear of the MLP, a
+// block of the GPT) keeps its parameters only as this rank's shard of one flat buffer
+// [p0 | p1 | ... | padding] laid out by flat_layout. The unit's parameters themselves stay in the
+// model, as views of a whole buffer (`whole`) whose memory exists only while the unit is gathered:
+// the rest of the time it holds no bytes, as FSDP2 frees an unsharded parameter's storage. The
+// model's forward runs each unit's part through run_unit (given), which calls your four moments
+// around it: before_forward and after_forward around the part, before_backward when backward
+// reaches the part's output, after_backward once backward has accumulated every one of the unit's
+// gradients. The constructor, run_unit, the gathers' memory and the collectives are given
+// (labs/sharded_training/given/fully_sharded_model.cpp); the moments, prefetch, unshard and the
+// step are yours (fully_sharded.cpp). Every rank must pass the same model with the same values.
+class FullyShardedModel {
  public:
   struct Unit {
-    int64_t out = 0, in = 0;  // the Linear's weight is (out, in), its bias (out)
+    std::shared_ptr<torch::nn::Module> module;
+    std::vector<torch::Tensor> params;  // the module's parameters, views of `whole`, in layout order
     FlatLayout layout;
-    torch::Tensor shard;       // shard_numel elements: this rank's shard of the parameters (it
-                               // requires grad only so that autograd runs every layer's backward)
+    bool reshard_after_forward = true;  // false for a unit used twice in forward (the GPT's ends)
+    torch::Tensor shard;       // shard_numel elements, fp32: this rank's shard of the parameters
     torch::Tensor grad_shard;  // shard_numel elements in reduce_dtype: this rank's shard of the mean gradient
     std::shared_ptr<amplab::dist::Work> reducing;  // the reduce-scatter into grad_shard in flight, or null
     torch::Tensor exp_avg, exp_avg_sq;  // shard_numel elements each: AdamW's moments
-    torch::Tensor whole;                  // padded_numel() in param_dtype: the gathered parameters while
-                                          // an all-gather is pending (a prefetch), else undefined
-    std::shared_ptr<amplab::dist::Work> gathering;  // that all-gather, or null
+    torch::Tensor whole;  // padded_numel() elements in param_dtype while gathered (or being gathered),
+                          // no memory otherwise: the parameters are views of it
+    bool gathered = false;                          // whole holds the gathered parameters
+    std::shared_ptr<amplab::dist::Work> gathering;  // whole's all-gather in flight (a prefetch), or null
+    size_t gradients_pending = 0;                   // of this backward, the parameters still without a gradient
   };
 
-  FullyShardedMlp(torch::nn::Sequential mlp, std::shared_ptr<amplab::dist::Communicator> comm, AdamWOptions options,
-                  bool prefetch = true, ShardedPrecision precision = {});
+  FullyShardedModel(std::shared_ptr<LabModel> model, std::shared_ptr<amplab::dist::Communicator> comm,
+                    AdamWOptions options, bool prefetch = true, ShardedPrecision precision = {});
+  ~FullyShardedModel();  // removes the gradient hooks
+  FullyShardedModel(const FullyShardedModel&) = delete;
+  FullyShardedModel& operator=(const FullyShardedModel&) = delete;
 
-  // Given: the layers in order, each Linear through your ShardedLinear (sharded_training-5); the
-  // input is cast to param_dtype first and the output back to fp32 (FSDP casts at the root).
-  torch::Tensor forward(const torch::Tensor& x);
-  // Given: starts unit u's all-gather into a new whole buffer and returns at once; nothing when
-  // u is out of range, prefetching is off, or its gather is already on its way.
+  // Given: the model's output, each unit's part through run_unit; the input is cast to
+  // param_dtype first when it is floating, and the output back to fp32 (FSDP casts at the root).
+  torch::Tensor forward(const torch::Tensor& input);
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const { return model_->loss(output, target); }
+  // Given: before_forward(u), part(), after_forward(u), and a hook on the part's output that
+  // calls before_backward(u) when backward reaches it. Checks that the unit is gathered where it
+  // must be (an amplab::Error naming the moment otherwise).
+  torch::Tensor run_unit(size_t u, const std::function<torch::Tensor()>& part);
+
+  // TODO(sharded_training-5): FSDP's four moments of unit u, and what they need.
+  void before_forward(size_t u);
+  void after_forward(size_t u);
+  void before_backward(size_t u);
+  void after_backward(size_t u);
+  // TODO(sharded_training-5): starts unit u's all-gather (start_gather) and returns at once;
+  // nothing when u is out of range, prefetching is off, or the unit is gathered or being gathered.
   void prefetch(size_t u);
-  // Given: unit u's whole parameters, flat (padded_numel() elements, in param_dtype): waits for
-  // its prefetch, or gathers now. The unit keeps no reference to what it returns: when the caller lets it go, the
-  // memory is free.
-  torch::Tensor gather(size_t u);
-  // Given: starts the reduce-scatter of this rank's whole gradient of unit u (padded_numel()
-  // elements, laid out as the parameters, in any floating dtype: it travels in reduce_dtype)
-  // into the unit's grad_shard, the mean over the ranks,
-  // and returns at once (step() waits for it): it travels while backward computes the layers
-  // before this one.
-  void reduce_scatter_gradient(size_t u, const torch::Tensor& whole_gradient);
-
+  // TODO(sharded_training-5): unit u gathered: waits for its prefetch, or gathers now.
+  void unshard(size_t u);
   // TODO(sharded_training-5): AdamW on every unit's shard with its grad_shard.
   void step();
 
+  // Given: gives unit u's whole buffer its memory and starts the all-gather of every rank's shard
+  // into it (in param_dtype); unit.gathering is that Work.
+  void start_gather(size_t u);
+  // Given: unit u's whole buffer lets its memory go (the parameters keep their shapes, no bytes).
+  void reshard(size_t u);
+  // Given: starts the reduce-scatter of this rank's whole gradient of unit u (padded_numel()
+  // elements laid out as the parameters, in any floating dtype: it travels in reduce_dtype) into
+  // the unit's grad_shard, the mean over the ranks, and returns at once (step() waits for it).
+  void reduce_scatter_gradient(size_t u, const torch::Tensor& whole_gradient);
+
   void zero_grad();  // given: forgets the last backward's reduce-scatter (each overwrites its grad_shard)
-  // Given, a collective: every parameter whole, flat and in the model's order (for checks).
+  // Given, a collective: every parameter whole, flat and in the units' order (for checks).
   torch::Tensor full_parameters();
   std::vector<Unit>& units() { return units_; }
+  LabModel& model() { return *model_; }
   amplab::dist::Communicator& communicator() { return *comm_; }
+  const ShardedPrecision& precision() const { return precision_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }  // a checkpoint's count, when one is loaded
   int64_t state_bytes() const;  // the moments
 
  private:
-  torch::nn::Sequential mlp_;          // the non-Linear layers run from it; its Linears hold no parameters
-  std::vector<int> unit_of_layer_;     // per layer of mlp_: its unit, or -1 for a layer without parameters
+  std::shared_ptr<LabModel> model_;
   std::vector<Unit> units_;
   std::shared_ptr<amplab::dist::Communicator> comm_;
   AdamWOptions options_;
@@ -229,27 +253,23 @@ class FullyShardedMlp {
   int64_t steps_ = 0;
   std::shared_ptr<amplab::dist::Work> last_reducing_;  // the last reduce-scatter started (step() waits for it)
 
-  torch::Tensor start_gather(Unit& unit);  // a new whole buffer and its all-gather
+  void gradient_accumulated(size_t u);  // a parameter hook's: after_backward once the last one came
 };
-
-// TODO(sharded_training-5): y = x W^T + b for unit u of `model`, ZeRO-3's way: the whole
-// parameters exist only while this layer computes, in forward and again in backward.
-torch::Tensor sharded_linear(FullyShardedMlp& model, size_t u, const torch::Tensor& x);
 
 // TODO(sharded_training-6): a sharded checkpoint of `model` in directory `dir` (it exists):
 // each rank writes only what it holds, its units' shards and moments and the step count, to a
 // safetensors file of its own, and returns once every rank's file is complete.
-void save_sharded(FullyShardedMlp& model, const std::string& dir);
+void save_sharded(FullyShardedModel& model, const std::string& dir);
 // TODO(sharded_training-6): the training state save_sharded wrote, each rank reading its own
 // file. A checkpoint of another world size, or a file that does not fit the model, is an
 // amplab::Error naming the file and what differs, and leaves the model as it was.
-void load_sharded(FullyShardedMlp& model, const std::string& dir);
+void load_sharded(FullyShardedModel& model, const std::string& dir);
 // TODO(sharded_training-7): the same training state, saved by save_sharded on any number of ranks,
 // loaded into `model` on this job's number of ranks (re-sharding): this rank's shard of every
 // unit, and of its moments, cut again from the saved shards. A checkpoint with a rank's file
 // missing, or a unit that does not fit the model, is an amplab::Error naming the file, and leaves
 // the model as it was.
-void load_resharded(FullyShardedMlp& model, const std::string& dir);
+void load_resharded(FullyShardedModel& model, const std::string& dir);
 
 // Bytes one rank holds of each part of the training state of a model of `num_params`
 // parameters trained with AdamW on `world_size` ranks.

@@ -51,10 +51,13 @@ class TrafficCounter final : public amplab::dist::ForwardingCommunicator {
 // What the formula says a rank sends per step for `num_params` parameters on `world` ranks:
 // DDP all-reduces the fp32 gradients; ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the
 // fp32 parameters (the same bytes); ZeRO-3 all-gathers the parameters twice (forward and
-// backward) in `param_bytes` per element and reduce-scatters the gradients in `reduce_bytes`.
-inline double expected_traffic(int stage, int world, int64_t num_params, int param_bytes = 4, int reduce_bytes = 4) {
+// backward) in `param_bytes` per element, but `gathered_once` of them once (a unit kept whole from
+// forward to backward), and reduce-scatters the gradients in `reduce_bytes`.
+inline double expected_traffic(int stage, int world, int64_t num_params, int param_bytes = 4, int reduce_bytes = 4,
+                               int64_t gathered_once = 0) {
   const double share = static_cast<double>(world - 1) / world, n = static_cast<double>(num_params);
-  return stage < 3 ? share * 2 * 4 * n : share * (2.0 * param_bytes + reduce_bytes) * n;
+  if (stage < 3) return share * 2 * 4 * n;
+  return share * (param_bytes * (2 * n - static_cast<double>(gathered_once)) + reduce_bytes * n);
 }
 
 }  // namespace zero_lab

@@ -19,7 +19,7 @@ namespace zero_lab {
 // Pitfalls: a rank that writes the whole model defeats the point (and W ranks writing it race
 // for the same file); the step count is part of the state: AdamW's bias correction needs it to
 // go on exactly.
-void save_sharded(FullyShardedMlp& model, const std::string& dir) {
+void save_sharded(FullyShardedModel& model, const std::string& dir) {
   // BEGIN SOLUTION
   auto& comm = model.communicator();
   amplab::NamedTensors tensors;
@@ -45,9 +45,8 @@ void save_sharded(FullyShardedMlp& model, const std::string& dir) {
 // with their shapes), and only then copies each tensor into the model and sets the step count
 // (model.set_steps). A checkpoint of another world size has other files: a missing file names
 // the world size it would need.
-// Pitfalls: copying as you check leaves a half-loaded model when a later tensor is wrong; the
-// shards require grad: copy into them under torch::NoGradGuard.
-void load_sharded(FullyShardedMlp& model, const std::string& dir) {
+// Pitfall: copying as you check leaves a half-loaded model when a later tensor is wrong.
+void load_sharded(FullyShardedModel& model, const std::string& dir) {
   // BEGIN SOLUTION
   auto& comm = model.communicator();
   const std::string file = (std::filesystem::path(dir) / ("rank-" + std::to_string(comm.rank()) + "-of-" +
@@ -96,7 +95,7 @@ void load_sharded(FullyShardedMlp& model, const std::string& dir) {
 // Pitfalls: copying saved shard r into new shard r works only when W' == W; the last saved
 // shard, and the last new one, may be partly padding; a rank's new shard may span two or more
 // saved shards, or lie entirely in the padding.
-void load_resharded(FullyShardedMlp& model, const std::string& dir) {
+void load_resharded(FullyShardedModel& model, const std::string& dir) {
   // BEGIN SOLUTION
   const int rank = model.communicator().rank();
   int saved_world = 0;

@@ -1,80 +1,78 @@
 // Your copy of this lab's code: fill in every TODO(...) below; the tests tell you which one
 // fails. (Instructors: generated from solution/ by scripts/make-starter.py; edit the solution.)
-// Lab 8: ZeRO-3 (FSDP), the sharded Linear and the step. See labs/sharded_training/README.md,
+// Lab 8: ZeRO-3 (FSDP), a unit's four moments and the step. See labs/sharded_training/README.md,
 // "ZeRO-3: parameters gathered when they are used".
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
 
 #include "amplab/infra/error.hpp"
 #include "sharded_training.hpp"
 
 namespace zero_lab {
 
-namespace {
-
-// The Linear of one unit as an autograd function of x and the unit's shard. The shard requires
-// grad so that autograd calls every layer's backward, the first one's too (its x is data); its
-// gradient reaches grad_shard through reduce_scatter_gradient, not through autograd.
-class ShardedLinearFunction : public torch::autograd::Function<ShardedLinearFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& shard,
-                               FullyShardedMlp* model, int64_t u);
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grad_outputs);
-};
-
-// Autograd's context holds IValues only: the model's address travels as an integer. The model
-// outlives every graph built through it (its owner trains with it).
-FullyShardedMlp* model_of(torch::autograd::AutogradContext* ctx) {
-  return reinterpret_cast<FullyShardedMlp*>(ctx->saved_data["model"].toInt());
-}
-
-// TODO(sharded_training-5): forward of unit u. Gather the unit's whole parameters
-// (model->gather(u): flat, [weight | bias | padding]), then start the next unit's all-gather
-// (model->prefetch(u + 1)) so that it travels while this layer computes, and return
-// x W^T + b with W the (out, in) view and b the (out) view of the gathered buffer. Save for
-// backward what backward needs and cannot gather again: the input x (ctx->save_for_backward).
-// Pitfalls: saving W, b or the gathered buffer for backward keeps this layer's whole parameters
-// alive until backward, which is DDP's memory, not ZeRO-3's; a prefetch issued after the
-// matmul travels only after it.
-torch::Tensor ShardedLinearFunction::forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                             const torch::Tensor& /*shard*/, FullyShardedMlp* model, int64_t u) {
-  ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
-  ctx->saved_data["unit"] = u;
+// TODO(sharded_training-5): a prefetch. Start unit u's all-gather (start_gather(u): it gives the
+// unit's whole buffer its memory and sets unit.gathering) and return at once, so that it travels
+// while something else computes. Nothing when prefetching is off (prefetch_), when u is out of
+// range (the layer after the last, the one before the first), or when the unit is already
+// gathered or on its way.
+// Pitfall: gathering a unit twice allocates its whole buffer twice (start_gather refuses).
+void FullyShardedModel::prefetch(size_t u) {
   AMPLAB_TODO("sharded_training-5");
 }
 
-// TODO(sharded_training-5): backward of unit u, with g = dL/dy (N, out). Gather the whole
-// parameters again (model->gather(u)) and start the previous unit's all-gather
-// (model->prefetch(u - 1), for u > 0: backward goes from the last layer to the first). Then
-// dL/dx, and the whole gradient of the unit's flat buffer: dL/dW where the weight lies, dL/db
-// where the bias lies, zeros in the padding (lab 7 derived dL/dx and dL/dW of y = x W^T; b's
-// gradient sums g over the batch). Hand that whole gradient to model->reduce_scatter_gradient,
-// which starts its reduce-scatter into the unit's grad_shard without waiting. Return one
-// gradient per forward input: {dL/dx, undefined, undefined, undefined} (the shard's gradient
-// goes through the reduce-scatter, not through autograd).
-// Pitfalls: dL/dx only when ctx->needs_input_grad(0) (the first layer's input is data); the
-// whole gradient must be laid out as the parameters are, or each rank steps the wrong elements;
-// under mixed precision (ShardedPrecision) x, g and the gathered parameters are bf16: compute in
-// their dtype and assume no float32 anywhere.
-torch::autograd::tensor_list ShardedLinearFunction::backward(torch::autograd::AutogradContext* ctx,
-                                                             torch::autograd::tensor_list grad_outputs) {
-  FullyShardedMlp* model = model_of(ctx);
-  const auto u = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+// TODO(sharded_training-5): unit u gathered, ready to compute with. Nothing when it is already;
+// else wait for its prefetch (unit.gathering->wait(): on a GPU the compute stream waits for the
+// all-gather, the host goes on), or gather it now if none was issued, then forget the Work and
+// mark it gathered (unit.gathered).
+// Pitfall: a prefetch nobody waits for: the layer computes with memory the all-gather is still
+// writing (run_unit refuses a unit whose Work was not waited for and forgotten).
+void FullyShardedModel::unshard(size_t u) {
   AMPLAB_TODO("sharded_training-5");
 }
 
-}  // namespace
+// TODO(sharded_training-5): before unit u's part of forward runs. Gather it, and if this call is
+// what gathered it (a unit used twice, like the GPT's embeddings, is still gathered at its second
+// part), prefetch the unit forward reaches next, u + 1, so that its all-gather travels while u
+// computes.
+// Pitfall: a prefetch issued after the unit computes waits for that computation (on a GPU the
+// communication stream starts a collective only after the work queued before it).
+void FullyShardedModel::before_forward(size_t u) {
+  AMPLAB_TODO("sharded_training-5");
+}
 
-torch::Tensor sharded_linear(FullyShardedMlp& model, size_t u, const torch::Tensor& x) {
-  return ShardedLinearFunction::apply(x, model.units().at(u).shard, &model, static_cast<int64_t>(u));
+// TODO(sharded_training-5): after unit u's part of forward. Let its whole parameters go
+// (reshard), unless the unit is kept whole until its backward (unit.reshard_after_forward false).
+// Pitfall: forgetting it keeps every layer whole until backward: DDP's memory, not ZeRO-3's.
+void FullyShardedModel::after_forward(size_t u) {
+  AMPLAB_TODO("sharded_training-5");
+}
+
+// TODO(sharded_training-5): backward has reached unit u's output and is about to run the unit's
+// backward, which needs its whole parameters again (autograd saved them, and their memory went
+// at after_forward). Gather it, and if this call is what gathered it, prefetch the unit backward
+// reaches next, u - 1 (for u > 0).
+// Pitfall: without this, backward reads parameters that have no memory.
+void FullyShardedModel::before_backward(size_t u) {
+  AMPLAB_TODO("sharded_training-5");
+}
+
+// TODO(sharded_training-5): autograd has accumulated every one of unit u's gradients into its
+// parameters' .grad. Lay them out as the parameters are, in one whole gradient of padded_numel()
+// elements (parameter i's at layout.offsets[i], zeros in the padding), hand it to
+// reduce_scatter_gradient (it starts the reduce-scatter into grad_shard without waiting), then
+// let the whole gradients go (each parameter's .grad reset) and the whole parameters (reshard).
+// Pitfalls: a .grad left set makes the next backward add into it, and holds a whole unit's
+// gradient between steps; under mixed precision the gradients are bf16: build the whole gradient
+// in their dtype.
+void FullyShardedModel::after_backward(size_t u) {
+  AMPLAB_TODO("sharded_training-5");
 }
 
 // TODO(sharded_training-5): the step of ZeRO-3. For every unit: wait for its gradient's
 // reduce-scatter (a unit without one got no gradient in this backward: an amplab::Error naming
 // the unit), forget the Work, and adamw_shard_step on its shard with its grad_shard and moments
-// (one step count for all units). Nothing to all-gather: the next forward gathers each layer
+// (one step count for all units). Nothing to all-gather: the next forward gathers each unit
 // when it needs it.
-void FullyShardedMlp::step() {
+void FullyShardedModel::step() {
   AMPLAB_TODO("sharded_training-5");
 }
 

@@ -389,6 +389,8 @@ torch::nn::Sequential test_network() {
   return net;
 }
 
+std::shared_ptr<zero_lab::Mlp> test_mlp() { return std::make_shared<zero_lab::Mlp>(test_network()); }
+
 // The matrix products this thread has run (aten::linear, mm, addmm, matmul...), counted by a
 // RecordFunction callback while a MatmulCounter lives: where each collective was issued between
 // a layer's computations.
@@ -424,7 +426,7 @@ class CollectiveLog final : public dist::ForwardingCommunicator {
     calls.push_back("AG " + std::to_string(output.numel()));
     matmuls_before.push_back(t_matmuls);
     dtypes.push_back("AG " + std::string(c10::toString(output.scalar_type())));
-    gathered.push_back(output.storage().getWeakStorageImpl());
+    gathered.push_back(output.storage().getWeakStorageImpl());  // a unit's whole buffer, whose memory comes and goes
     return inner_->all_gather(std::move(output), std::move(input));
   }
   std::shared_ptr<dist::Work> reduce_scatter(torch::Tensor output, torch::Tensor input, dist::Reduction op) override {
@@ -433,10 +435,13 @@ class CollectiveLog final : public dist::ForwardingCommunicator {
     dtypes.push_back("RS " + std::string(c10::toString(input.scalar_type())));
     return inner_->reduce_scatter(std::move(output), std::move(input), op);
   }
-  // How many gathered buffers are still alive (whole layers someone holds).
+  // How many gathered buffers still hold memory (whole units someone holds).
   int alive() const {
     int n = 0;
-    for (const auto& g : gathered) n += g.expired() ? 0 : 1;
+    for (const auto& g : gathered) {
+      auto storage = g.lock();
+      n += storage && storage->nbytes() > 0 ? 1 : 0;
+    }
     return n;
   }
   std::vector<std::string> calls, dtypes;
@@ -457,7 +462,7 @@ std::vector<Zero3End> zero3_ends(int world_size, int steps) {
   std::vector<Zero3End> ends(world_size);
   auto errors = run_ranks(world_size, [&](std::shared_ptr<dist::Communicator> inner) {
     auto comm = std::make_shared<CollectiveLog>(inner);
-    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
     Zero3End end;
     for (int s = 0; s < steps; ++s) {
       auto [x, y] = global_batch(world_size, s);
@@ -559,8 +564,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ShardedTraining5_Fsdp, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
 
 // FSDP's mixed precision: the gathers and the layers' compute in bf16 over fp32 shards, the
-// gradients reduced in fp32 or in bf16. Your sharded_linear computes in the dtype of what
-// gather() returns: nothing in it may assume fp32.
+// gradients reduced in fp32 or in bf16. The parameters and their gradients are bf16 then:
+// nothing in your moments may assume fp32.
 TEST(ShardedTraining5_Fsdp_MixedPrecision, Bf16ComputeOverFp32ShardsTrainsLikeFp32) {
   const auto expected = torch_adamw(2, 3).first;
   for (auto reduce : {torch::kFloat32, torch::kBFloat16}) {
@@ -569,8 +574,8 @@ TEST(ShardedTraining5_Fsdp_MixedPrecision, Bf16ComputeOverFp32ShardsTrainsLikeFp
     std::vector<std::vector<std::string>> dtypes(2);
     auto errors = run_ranks(2, [&](std::shared_ptr<dist::Communicator> inner) {
       auto comm = std::make_shared<CollectiveLog>(inner);
-      zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options(), /*prefetch=*/true,
-                                      zero_lab::ShardedPrecision{torch::kBFloat16, reduce});
+      zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options(), /*prefetch=*/true,
+                                        zero_lab::ShardedPrecision{torch::kBFloat16, reduce});
       for (int s = 0; s < 3; ++s) {
         auto [x, y] = global_batch(2, s);
         comm->dtypes.clear();
@@ -601,7 +606,7 @@ TEST(ShardedTraining5_Fsdp_MixedPrecision, Bf16ComputeOverFp32ShardsTrainsLikeFp
 
 TEST(ShardedTraining5_Fsdp_Alone, OneRankIsTorchsAdamW) {
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
-  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
   for (int s = 0; s < 4; ++s) {
     auto [x, y] = global_batch(1, s);
     model.zero_grad();
@@ -615,12 +620,105 @@ TEST(ShardedTraining5_Fsdp_Alone, OneRankIsTorchsAdamW) {
 
 TEST(ShardedTraining5_Fsdp_Alone, AStepWithoutABackwardIsAnErrorNamingTheUnit) {
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
-  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
   try {
     model.step();
     FAIL() << "step() before any backward must throw: no unit has a gradient";
   } catch (const amplab::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unit 0"), std::string::npos) << e.what();
+  }
+}
+
+// Lab 7's GPT, tiny: units of many tensors (a block's LayerNorms, attention and MLP), and the
+// embeddings used twice (the output layer is the token embedding's matrix).
+zero_lab::GptShape tiny_gpt(int64_t batch) { return {/*layers=*/2, /*width=*/16, /*heads=*/2, /*context=*/8, /*vocab=*/32, batch}; }
+
+// The attention's key bias gets a gradient of rounding noise only (adding a constant to every
+// score of a row leaves its softmax as it is), which AdamW's first step would turn into lr-sized
+// steps of either sign: a larger eps keeps those steps below the comparison's tolerance.
+zero_lab::AdamWOptions gpt_adamw_options() {
+  auto o = adamw_options();
+  o.eps = 1e-4;
+  return o;
+}
+
+// Every parameter of `model` flat, unit by unit (the order of full_parameters()).
+torch::Tensor flat_by_units(zero_lab::LabModel& model) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& unit : model.units())
+    for (const auto& p : unit->parameters()) flat.push_back(p.detach().flatten());
+  return torch::cat(flat);
+}
+
+struct GptEnd {
+  torch::Tensor params;
+  int whole_after_forward = -1, whole_after_backward = -1;
+  std::vector<std::string> calls;  // the last step's collectives
+};
+
+// `steps` ZeRO-3 steps of the tiny GPT on 2 ranks, 2 sequences each.
+std::vector<GptEnd> gpt_zero3_ends(int steps) {
+  std::mutex mutex;
+  std::vector<GptEnd> ends(2);
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::Communicator> inner) {
+    auto comm = std::make_shared<CollectiveLog>(inner);
+    zero_lab::FullyShardedModel model(std::make_shared<zero_lab::Gpt>(tiny_gpt(2), 3), comm, gpt_adamw_options());
+    GptEnd end;
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = model.model().batch(5, s, comm->rank(), 2, torch::kCPU);
+      comm->calls.clear();
+      comm->gathered.clear();
+      model.zero_grad();
+      auto loss = model.loss(model.forward(x), y);
+      end.whole_after_forward = comm->alive();
+      loss.backward();
+      end.whole_after_backward = comm->alive();
+      model.step();
+      end.calls = comm->calls;
+    }
+    end.params = model.full_parameters();
+    std::lock_guard<std::mutex> lock(mutex);
+    ends[comm->rank()] = end;
+  });
+  EXPECT_TRUE(all_ranks_finished(errors));
+  return ends;
+}
+
+TEST(ShardedTraining5_Fsdp_Gpt, ATinyGptOnTwoRanksEndsWithTorchsAdamWOnTheWholeBatch) {
+  zero_lab::Gpt whole(tiny_gpt(4), 3);  // one process, both ranks' sequences
+  const auto o = gpt_adamw_options();
+  torch::optim::AdamW adamw(whole.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).eps(o.eps));
+  for (int s = 0; s < 2; ++s) {
+    auto [x, y] = whole.batch(5, s, 0, 1, torch::kCPU);
+    adamw.zero_grad();
+    whole.loss(whole.forward(x), y).backward();
+    adamw.step();
+  }
+  const auto expected = flat_by_units(whole);
+  const auto ends = gpt_zero3_ends(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(ends[r].params.defined()) << "rank " << r << " did not finish";
+    EXPECT_TRUE(test::tensors_close(ends[r].params, expected, 1e-4, 1e-5))
+        << "rank " << r << ": after 2 ZeRO-3 steps of the GPT (blocks of 12 tensors, the embedding used twice) the "
+        << "gathered parameters are not torch's AdamW's on the whole batch";
+  }
+}
+
+// Units 0 (the embeddings and final LayerNorm, used first and last), 1 and 2 (the blocks): the
+// embeddings are gathered once and stay whole until their backward; each block is gathered for
+// its forward and again for its backward, the next one prefetched; the gradients reduce-scattered
+// as backward finishes each unit, the embeddings' last.
+TEST(ShardedTraining5_Fsdp_Gpt, TheEmbeddingsStayWholeFromForwardToBackwardAndEachBlockIsGatheredTwice) {
+  const auto ends = gpt_zero3_ends(1);
+  const int64_t C = 16, ends_numel = 32 * C + 8 * C + 2 * C, block_numel = 12 * C * C + 13 * C;
+  const std::string e = std::to_string(dist::shard_numel(ends_numel, 2) * 2), b = std::to_string(dist::shard_numel(block_numel, 2) * 2);
+  const std::vector<std::string> expected = {"AG " + e, "AG " + b, "AG " + b,   // forward: the ends, block 0, block 1 prefetched
+                                             "AG " + b, "AG " + b,              // backward: block 1, block 0 prefetched
+                                             "RS " + b, "RS " + b, "RS " + e};
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ends[r].calls, expected) << "rank " << r << ": the collectives of one step, in order";
+    EXPECT_EQ(ends[r].whole_after_forward, 1) << "rank " << r << ": after forward, only the embeddings' unit is whole";
+    EXPECT_EQ(ends[r].whole_after_backward, 0) << "rank " << r << ": after backward, a unit is still whole";
   }
 }
 
@@ -633,11 +731,11 @@ std::vector<torch::Tensor> zero3_with_checkpoint(int world_size, int steps, int 
   std::mutex mutex;
   std::vector<torch::Tensor> ends(world_size);
   auto errors = run_ranks(world_size, [&](std::shared_ptr<dist::Communicator> comm) {
-    auto model = std::make_unique<zero_lab::FullyShardedMlp>(test_network(), comm, adamw_options());
+    auto model = std::make_unique<zero_lab::FullyShardedModel>(test_mlp(), comm, adamw_options());
     for (int s = 0; s < steps; ++s) {
       if (s == save_after) {
         zero_lab::save_sharded(*model, dir);
-        model = std::make_unique<zero_lab::FullyShardedMlp>(test_network(), comm, adamw_options());
+        model = std::make_unique<zero_lab::FullyShardedModel>(test_mlp(), comm, adamw_options());
         zero_lab::load_sharded(*model, dir);
         ASSERT_EQ(model->steps(), s) << "the step count comes back with the checkpoint";
       }
@@ -686,7 +784,7 @@ TEST(ShardedTraining6_Checkpoint, AnotherWorldSizeIsRefusedAndLeavesTheModelAsIt
   test::TempDir dir;
   zero3_with_checkpoint(2, 2, 1, dir.path().string());  // two files, of 2 ranks
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
-  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
   const auto before = model.full_parameters();
   try {
     zero_lab::load_sharded(model, dir.path().string());
@@ -701,7 +799,7 @@ TEST(ShardedTraining6_Checkpoint, AnotherWorldSizeIsRefusedAndLeavesTheModelAsIt
 TEST(ShardedTraining6_Checkpoint, ATensorOfAnotherShapeIsRefusedBeforeAnythingIsCopied) {
   test::TempDir dir;
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
-  zero_lab::FullyShardedMlp saved(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel saved(test_mlp(), comm, adamw_options());
   zero_lab::save_sharded(saved, dir.path().string());
   // The same file, its last unit's second moment one element short.
   const std::string file = dir.file("rank-0-of-1.safetensors");
@@ -709,7 +807,7 @@ TEST(ShardedTraining6_Checkpoint, ATensorOfAnotherShapeIsRefusedBeforeAnythingIs
   auto& last = on_disk.tensors.back().second;
   last = last.narrow(0, 0, last.numel() - 1).clone();
   amplab::save_safetensors(file, on_disk.tensors, on_disk.metadata);
-  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
   {
     torch::NoGradGuard no_grad;
     model.units()[0].shard.add_(1);  // so that a copy of the file's first tensor would show
@@ -722,7 +820,7 @@ TEST(ShardedTraining6_Checkpoint, ATensorOfAnotherShapeIsRefusedBeforeAnythingIs
 // ---------------------------------------------------------------- TODO(sharded_training-7): re-sharding
 
 // Every unit's moments whole and flat, in the model's order (a collective, like full_parameters).
-torch::Tensor full_moments(zero_lab::FullyShardedMlp& model) {
+torch::Tensor full_moments(zero_lab::FullyShardedModel& model) {
   std::vector<torch::Tensor> parts;
   for (auto& unit : model.units())
     for (const auto& moment : {unit.exp_avg, unit.exp_avg_sq}) {
@@ -743,7 +841,7 @@ WholeState train_and_save(int saved_world, const std::string& dir) {
   WholeState saved;
   std::mutex mutex;
   auto errors = run_ranks(saved_world, [&](std::shared_ptr<dist::Communicator> comm) {
-    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
     for (int s = 0; s < 2; ++s) {
       auto [x, y] = global_batch(saved_world, s);
       torch::mse_loss(model.forward(x.narrow(0, 4 * comm->rank(), 4)), y.narrow(0, 4 * comm->rank(), 4)).backward();
@@ -764,7 +862,7 @@ std::vector<WholeState> load_on(int world, const std::string& dir) {
   std::vector<WholeState> loaded(world);
   std::mutex mutex;
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::Communicator> comm) {
-    zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+    zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
     zero_lab::load_resharded(model, dir);
     auto parameters = model.full_parameters();
     auto moments = full_moments(model);
@@ -806,7 +904,7 @@ TEST(ShardedTraining7_Resharding_Alone, AMissingRankFileIsNamedAndChangesNothing
   train_and_save(3, dir.path().string());
   std::filesystem::remove(dir.file("rank-1-of-3.safetensors"));
   auto comm = dist::make_communicator(dist::WorldInfo{}, {}, torch::kCPU);
-  zero_lab::FullyShardedMlp model(test_network(), comm, adamw_options());
+  zero_lab::FullyShardedModel model(test_mlp(), comm, adamw_options());
   const auto before = model.full_parameters();
   try {
     zero_lab::load_resharded(model, dir.path().string());

@@ -1,29 +1,14 @@
 // ShardedGradientsAdamW's constructor, hooks and bookkeeping (sharded_training.hpp): given, no
 // TODOs. Each bucket's parameters move into a flat buffer of their own; each gets a hook that
 // tells gradient_ready when autograd has accumulated its gradient.
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "amplab/infra/error.hpp"
+#include "given/grad_ready_hook.hpp"
 #include "sharded_training.hpp"
 
 namespace zero_lab {
-
-namespace {
-
-// Calls `ready` after autograd has accumulated a gradient into the parameter's .grad (PyTorch's
-// Tensor.register_post_accumulate_grad_hook).
-class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
- public:
-  explicit GradReadyHook(std::function<void()> ready) : ready_(std::move(ready)) {}
-  void operator()(const torch::autograd::Variable&) override { ready_(); }
-
- private:
-  std::function<void()> ready_;
-};
-
-}  // namespace
 
 ShardedGradientsAdamW::ShardedGradientsAdamW(std::vector<std::vector<torch::Tensor>> buckets,
                                              std::shared_ptr<amplab::dist::Communicator> comm, AdamWOptions options)
