@@ -453,6 +453,7 @@ struct Zero3End {
   torch::Tensor params;
   std::vector<torch::Tensor> grad_shards;
   int whole_after_forward = -1, whole_after_backward = -1;
+  int gradients_after_backward = -1;  // parameters still holding a whole .grad after backward
   std::vector<std::string> calls;  // the last step's collectives
   std::vector<int64_t> matmuls_before;  // and the matrix products run before each
 };
@@ -474,6 +475,9 @@ std::vector<Zero3End> zero3_ends(int world_size, int steps) {
       end.whole_after_forward = comm->alive();
       loss.backward();
       end.whole_after_backward = comm->alive();
+      end.gradients_after_backward = 0;
+      for (auto& unit : model.units())
+        for (const auto& p : unit.params) end.gradients_after_backward += p.grad().defined() ? 1 : 0;
       model.step();
       end.calls = comm->calls;
       end.matmuls_before = comm->matmuls_before;
@@ -501,7 +505,8 @@ TEST_P(ShardedTraining5_Fsdp, EveryRankEndsWithTorchsAdamWOnTheWholeBatch) {
 }
 
 // Between its forward and its backward a layer is not whole anywhere: after forward, and again
-// after backward, no gathered buffer is alive; each rank's gradient shard is the ranks' mean.
+// after backward, no gathered buffer holds memory and after backward no parameter holds a whole
+// gradient; each rank's gradient shard is the ranks' mean.
 TEST_P(ShardedTraining5_Fsdp, NoLayerStaysWholeAndEachRankGetsItsShardOfTheMeanGradient) {
   const int world_size = GetParam();
   const auto whole = torch_adamw(world_size, 1).second;
@@ -513,6 +518,9 @@ TEST_P(ShardedTraining5_Fsdp, NoLayerStaysWholeAndEachRankGetsItsShardOfTheMeanG
         << "rank " << r << ": after forward, whole layers are still alive (saved for backward?): ZeRO-3 gathers "
         << "them again in backward";
     EXPECT_EQ(ends[r].whole_after_backward, 0) << "rank " << r << ": after backward, whole layers are still alive";
+    EXPECT_EQ(ends[r].gradients_after_backward, 0)
+        << "rank " << r << ": after backward, parameters still hold their whole gradients (.grad): once a unit's "
+        << "gradient is on its way to the shards, after_backward lets it go";
     for (int u = 0; u < 2; ++u) {
       const auto expected = expected_grad_shard(whole, units[u].first, units[u].second, world_size, r);
       EXPECT_TRUE(test::tensors_close(ends[r].grad_shards[u], expected, 1e-5, 1e-7))
