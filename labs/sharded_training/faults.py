@@ -11,7 +11,7 @@ import tempfile
 from sweep import Case, run_stopped_at, stopped_well  # tests/faults/sweep.py, which loads this file
 
 LONG_RUN = ["--set", "run.device=cpu", "--set", "model.width=64", "--set", "train.steps=1000000"]
-STOP = {"settings": LONG_RUN, "after": r"the MLP has \d+ parameters", "when": "in a training step"}
+STOP = {"settings": LONG_RUN, "after": r"MLP \d+ x Linear\(\d+\), \d+ parameters", "when": "in a training step"}
 # A memory cap, or the CUDA allocator's expandable segments, where there is no GPU: refused,
 # naming the key.
 BEYOND_THE_MACHINE = [("memory.cap_mib=4096", ["memory.cap_mib", "set it to 0"], "memory.cap_mib=4096 on the CPU"),
