@@ -21,7 +21,7 @@ inline std::span<const std::pair<ModelKind, const char*>> enum_names(ModelKind) 
 struct ZeroModelConfig {
   ModelKind kind = ModelKind::mlp;
   int64_t width = 1024, layers = 4, batch = 64;
-  int64_t heads = 4, context = 64, vocab = 256;  // the GPT's
+  int64_t heads = 4, context = 64, vocab = 256;
 
   template <class V>
   void fields(V& v) {
