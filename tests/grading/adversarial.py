@@ -378,6 +378,23 @@ CASES["a lab that allows sockets lends them through the course's communicator"] 
     "full", "honest code asks the course's communicator to rendezvous with a server on the machine's loopback",
     SOCKETS_LAB)
 
+# Lab 8's ZeRO-3 runs the student's moments from autograd's hooks, on autograd's thread, while
+# the ranks are threads of one test process: a moment that throws what is no exception (an int)
+# must cost the tests that reach it and nothing else, and the grading must still finish.
+FSDP_LAB = {"lab": "sharded_training", "file": "fully_sharded.cpp", "todo": "sharded_training-5"}
+_BEFORE_BACKWARD = "void FullyShardedModel::before_backward(size_t u) {\n"
+CASES["a hook on autograd's thread throws an int"] = (
+    (ROOT / "solution" / "sharded_training" / "fully_sharded.cpp").read_text().replace(
+        _BEFORE_BACKWARD, _BEFORE_BACKWARD + "  if (u < 1000000) throw 42;\n"),
+    ("only", ["ShardedTraining5_Fsdp_Alone.AStepWithoutABackwardIsAnErrorNamingTheUnit"]),
+    "ZeRO-3's before_backward, which a tensor hook calls on autograd's thread, throws an int: every test "
+    "whose backward reaches it fails, the one without a backward keeps its point",
+    FSDP_LAB)
+# TODO 5's tests also need TODOs 1 and 2: the submission brings the reference's files for them.
+EXTRA_FILES["a hook on autograd's thread throws an int"] = {
+    f"starter/sharded_training/{f}": (ROOT / "solution" / "sharded_training" / f).read_text()
+    for f in ("sharding.cpp", "sharded_adamw.cpp", "sharded_checkpoint.cpp")}
+
 def secret_lines():
     """Lines of solution/ fences and hidden tests long enough to be telling."""
     lines = set()
@@ -523,7 +540,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.list:
         for name, (_, kind, what, *_) in CASES.items():
-            print(f"{name}: {what} (score: {kind if isinstance(kind, str) else 'full minus ' + ', '.join(kind[1])})")
+            print(f"{name}: {what} (score: {kind if isinstance(kind, str) else kind[0] + ' ' + ', '.join(kind[1])})")
         return 0
     if os.geteuid() != 0:
         print("SKIPPED: the grader isolates student code only when it runs as root (as Gradescope and CI do)")
