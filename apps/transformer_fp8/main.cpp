@@ -24,9 +24,9 @@
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
-#include "amplab/train/trainer.hpp"
 #include "config.hpp"
 #include "fp8_tables.hpp"
+#include "fused_gpt.hpp"
 #include "gpt.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
 #include "mechanisms.hpp"
@@ -69,7 +69,7 @@ struct Setting {
   uint64_t seed;
   amplab::StepSettings train;
   tf8::LrSchedule schedule;
-  bool graph_steps = true;  // with train.fast_path on a GPU, each step as one CUDA graph where it can be
+  bool graph_steps = true;  // with train.fast_path on a GPU, the fused model and each step as one CUDA graph where it can be
 };
 
 struct CurvePoint {  // an evaluation during training
@@ -138,10 +138,12 @@ RunResult train_row(const Variant& v, const Setting& s) {
   tf8::GptOptions options = s.options;
   options.linear = v.linear;
   options.init_seed = s.seed;
-  tf8::Gpt model = r.model = tf8::Gpt(options);
+  const amplab::TrainConfig train = s.train.for_row(v.precision, v.scaler ? "auto" : "off");
+  tf8::Gpt model = r.model = tf8::make_gpt(options, train.fast_path && s.graph_steps, s.device);
+  if (dynamic_cast<tf8::FusedGptImpl*>(model.get()))
+    amplab::log::info(v.name + ": FusedGpt (each residual add, its dropout and the next LayerNorm one kernel of ours)");
   model->to(s.device);
   torch::manual_seed(s.seed);  // batches and dropout from here, as in the Python reference
-  const amplab::TrainConfig train = s.train.for_row(v.precision, v.scaler ? "auto" : "off");
   amplab::MemoryConfig untracked;
   untracked.track = false;
   amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },

@@ -65,7 +65,8 @@ TORCH_MODULE(BiasFreeLayerNorm);
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptOptions& o);
-  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C): resid_dropout(branch(x))
+  torch::Tensor branch(const torch::Tensor& x);   // attention and its projection, before the dropout
   Float8Linear qkv{nullptr}, proj{nullptr};
 
  private:
@@ -79,12 +80,13 @@ TORCH_MODULE(CausalSelfAttention);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptOptions& o);
-  torch::Tensor forward(torch::Tensor x);  // pre-LayerNorm: x + attn(ln1(x)), then x + mlp(ln2(x))
+  torch::Tensor forward(torch::Tensor x);  // pre-LayerNorm: x + attn(ln1(x)), then x + dropout(mlp(ln2(x)))
+  torch::Tensor mlp(const torch::Tensor& x);  // fc_proj(gelu(fc(x))), before the dropout
+  BiasFreeLayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   Float8Linear fc{nullptr}, fc_proj{nullptr};  // the MLP: C -> 4C, GELU, 4C -> C
 
  private:
-  BiasFreeLayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Dropout mlp_dropout_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -92,13 +94,16 @@ TORCH_MODULE(Block);
 class GptImpl : public torch::nn::Module {
  public:
   explicit GptImpl(const GptOptions& o);
-  torch::Tensor forward(const torch::Tensor& idx);  // (B, T) int64 tokens -> (B, T, vocab) logits
+  // (B, T) int64 tokens -> (B, T, vocab) logits. Virtual: a program's fast path may compute the
+  // same model in fewer kernels (the members below are its parameters).
+  virtual torch::Tensor forward(const torch::Tensor& idx);
   // Mean cross-entropy of next-token prediction, in float32.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   const GptOptions& options() const { return options_; }
   int64_t parameter_count() const;  // without the position embeddings, as nanoGPT reports it
 
- private:
+ protected:
+  torch::Tensor embed(const torch::Tensor& idx);  // token + position embeddings, (B, T, C), before the dropout
   GptOptions options_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};  // token (also the head's weight: tied), position
   torch::nn::Dropout drop_{nullptr};

@@ -6,12 +6,17 @@
 
 #include <ATen/ops/_fused_adamw.h>
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+
 #include "amplab/fast/cuda/fused_adamw_launch.hpp"
+#include "amplab/fast/cuda/residual_norm_kernels.hpp"
 #include "amplab/fast/fused_layers.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/fast/cuda_graph.hpp"
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_mnist_net.hpp"
+#include "amplab/fast/fused_residual_norm.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/measure/gpu_monitor.hpp"
 #include "amplab/measure/memory.hpp"
@@ -490,6 +495,128 @@ TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {
   EXPECT_TRUE(test::tensors_close(losses[0], losses[1], 1e-3, 1e-3));
   for (size_t i = 0; i < grads[0].size(); ++i)
     EXPECT_TRUE(test::tensors_close(grads[0][i], grads[1][i], 5e-2, 2e-3)) << textbook->named_parameters()[i].key();
+}
+
+// ---- A transformer's residual step in one kernel ----------------------------------------------------
+
+// Without dropout, x + branch and its LayerNorm (then cast to the branch's dtype, as autocast casts
+// it for the next matmul) against PyTorch's ops through autograd: the sum to the bit, the rest to
+// the dtype's rounding, for each dtype and for one, three and eight quads a lane.
+TEST(GpuFusedResidualNorm, EqualsPyTorchsOpsWithoutDropout_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  for (int64_t width : {128, 384, 1024}) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      SCOPED_TRACE(std::to_string(width) + " " + c10::toString(dtype));
+      const auto x0 = torch::randn({4, 33, width}, kGpu) * 3 + 1;  // a mean far from 0
+      const auto branch0 = torch::randn({4, 33, width}, kGpu).to(dtype);
+      const auto weight0 = torch::rand({width}, kGpu) + 0.5;
+      const auto grad_sum = torch::randn({4, 33, width}, kGpu);
+      const auto grad_normed = torch::randn({4, 33, width}, kGpu).to(dtype);
+      ASSERT_TRUE(dropout_add_layer_norm_runs_fused(x0, branch0, weight0));
+      std::vector<torch::Tensor> fused, reference;
+      for (bool ours : {true, false}) {
+        auto x = x0.clone().requires_grad_(true), branch = branch0.clone().requires_grad_(true);
+        auto weight = weight0.clone().requires_grad_(true);
+        torch::Tensor sum, normed;
+        if (ours) {
+          std::tie(sum, normed) = dropout_add_layer_norm(x, branch, weight, /*p=*/0.0);
+        } else {
+          sum = x + branch;
+          normed = torch::layer_norm(sum, {width}, weight, {}, 1e-5).to(dtype);
+        }
+        torch::autograd::backward({sum, normed}, {grad_sum, grad_normed});
+        std::vector<torch::Tensor> results{sum.detach(), normed.detach(), x.grad(), branch.grad(), weight.grad()};
+        (ours ? fused : reference) = std::move(results);
+      }
+      EXPECT_EQ(fused[1].scalar_type(), dtype);
+      EXPECT_TRUE(test::tensors_equal(fused[0], reference[0]));
+      const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;  // one rounding of a bf16/fp16 value
+      EXPECT_TRUE(test::tensors_close(fused[1].to(torch::kFloat), reference[1].to(torch::kFloat), tol, tol));
+      EXPECT_TRUE(test::tensors_close(fused[2], reference[2], 1e-4, 1e-4));
+      EXPECT_TRUE(test::tensors_close(fused[3].to(torch::kFloat), reference[3].to(torch::kFloat), tol, 1e-4));
+      EXPECT_TRUE(test::tensors_close(fused[4], reference[4], 1e-3, 1e-3));
+    }
+  }
+  // Without x (the embeddings' dropout and the first LayerNorm): the sum is the branch in float32.
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  auto branch = torch::randn({64, 384}, on_gpu).to(torch::kBFloat16).requires_grad_(true);
+  const auto weight = torch::rand({384}, on_gpu) + 0.5;
+  ASSERT_TRUE(dropout_add_layer_norm_runs_fused({}, branch, weight));
+  auto [sum, normed] = dropout_add_layer_norm({}, branch, weight, 0.0);
+  EXPECT_EQ(sum.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(test::tensors_equal(sum, branch.detach().to(torch::kFloat)));
+  EXPECT_TRUE(test::tensors_close(normed.to(torch::kFloat), torch::layer_norm(sum, {384}, weight, {}, 1e-5), 1e-2, 1e-2));
+  sum.sum().backward();
+  EXPECT_TRUE(test::tensors_equal(branch.grad(), torch::ones_like(branch)));
+  // What the kernel does not take runs PyTorch's ops: CPU tensors, widths not of 128s, a strided x.
+  EXPECT_FALSE(dropout_add_layer_norm_runs_fused(torch::randn({2, 384}), torch::randn({2, 384}), torch::ones({384})));
+  EXPECT_FALSE(dropout_add_layer_norm_runs_fused(torch::randn({2, 96}, on_gpu), torch::randn({2, 96}, on_gpu),
+                                                 torch::ones({96}, on_gpu)));
+  EXPECT_FALSE(dropout_add_layer_norm_runs_fused(torch::randn({384, 2}, on_gpu).t(), torch::randn({2, 384}, on_gpu),
+                                                 torch::ones({384}, on_gpu)));
+}
+
+// With dropout: each element of the sum is x or x + branch / (1 - p); about 1 - p of them are kept;
+// the backward lets the gradient through exactly where the forward kept the branch (the mask drawn
+// again, never stored); normed is the LayerNorm of the sum; a second call draws another mask and
+// the same seed the same one.
+TEST(GpuFusedResidualNorm, TheBackwardDrawsTheForwardsMask_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  const double p = 0.2;
+  const auto x = torch::randn({64, 256, 384}, kGpu);
+  const auto branch0 = torch::rand({64, 256, 384}, kGpu) + 0.5;  // never 0: a dropped element shows
+  const auto weight = torch::ones({384}, kGpu);
+  auto run = [&](uint64_t seed) {
+    torch::manual_seed(seed);
+    auto branch = branch0.clone().requires_grad_(true);
+    auto [sum, normed] = dropout_add_layer_norm(x, branch, weight, p);
+    torch::autograd::backward({sum}, {torch::ones_like(sum)});  // grad_normed: none, as for ln_f's input
+    return std::make_tuple(sum.detach(), normed.detach(), branch.grad());
+  };
+  auto [sum, normed, grad_branch] = run(7);
+  const auto kept = sum != x;
+  const double kept_share = kept.to(torch::kFloat).mean().item<double>();
+  EXPECT_NEAR(kept_share, 1 - p, 0.005) << "6.3 M draws: 0.005 is over 20 standard deviations";
+  EXPECT_TRUE(test::tensors_close(torch::where(kept, sum - x, torch::zeros_like(x)),
+                                  torch::where(kept, branch0 / (1 - p), torch::zeros_like(x)), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::equal(grad_branch != 0, kept)) << "the backward's mask is not the forward's";
+  EXPECT_TRUE(test::tensors_close(torch::where(kept, grad_branch, torch::zeros_like(x)),
+                                  torch::where(kept, torch::full_like(x, 1 / (1 - p)), torch::zeros_like(x)), 1e-6, 1e-6));
+  EXPECT_TRUE(test::tensors_close(normed, torch::layer_norm(sum, {384}, weight, {}, 1e-5), 1e-5, 1e-5));
+  auto [again, unused1, unused2] = run(7);
+  EXPECT_TRUE(torch::equal(again, sum)) << "the same seed, another mask";
+  auto [other, unused3, unused4] = run(8);
+  EXPECT_FALSE(torch::equal(other != x, kept)) << "another seed, the same mask";
+}
+
+// Captured in a CUDA graph (the fast path's step), every replay draws a new mask (the generator's
+// offset advances per replay) and that replay's backward draws the same one.
+TEST(GpuFusedResidualNorm, EachGraphReplayDrawsAMaskItsBackwardFollows_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  const double p = 0.5;
+  const auto x = torch::zeros({256, 128}, kGpu);
+  const auto branch = torch::ones({256, 128}, kGpu);
+  const auto weight = torch::ones({128}, kGpu);
+  const auto grad_sum = torch::ones({256, 128}, kGpu);
+  at::cuda::CUDAGraph graph;
+  cuda::ResidualNormSaved saved;
+  cuda::ResidualNormGrads grads;
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    graph.capture_begin();
+    saved = cuda::dropout_add_layer_norm_forward(x, branch, weight, p, 1e-5);
+    grads = cuda::dropout_add_layer_norm_backward(grad_sum, {}, saved, weight, p);
+    graph.capture_end();
+  }
+  std::vector<torch::Tensor> masks;
+  for (int replay = 0; replay < 2; ++replay) {
+    graph.replay();
+    torch::cuda::synchronize();
+    masks.push_back(saved.sum != 0);
+    EXPECT_TRUE(torch::equal(grads.branch != 0, masks.back())) << "replay " << replay;
+  }
+  EXPECT_FALSE(torch::equal(masks[0], masks[1])) << "two replays drew the same mask";
 }
 
 TEST(GpuMonitorCuda, ReadsTheClockAndPowerWhileMatmulsRun_CUDA) {

@@ -14,6 +14,7 @@
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_adamw.hpp"
 #include "amplab/fast/fused_mnist_net.hpp"
+#include "amplab/fast/fused_residual_norm.hpp"
 #include "amplab/fast/fused_sgd.hpp"
 #if AMPLAB_WITH_CUDA
 #include "amplab/fast/cuda/fused_adamw_launch.hpp"
@@ -206,6 +207,38 @@ TEST(FastPath, TrainerWithoutTheFastPathsOptimizerRefusesTheKey) {
                                 {"train.fast_path", "make_fast_path_optimizer", "train.fast_path=false"}));
   Trainer fast(model.ptr(), loss, c, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
   EXPECT_NE(dynamic_cast<FusedSGD*>(&fast.optimizer()), nullptr);
+}
+
+// Off a GPU the residual step is PyTorch's ops: x + dropout(branch) and its LayerNorm, values and
+// gradients to the bit (without dropout), and with dropout each element either dropped or scaled.
+TEST(FastPath, ResidualNormOffTheGpuIsPyTorchsOps) {
+  torch::manual_seed(0);
+  const auto x0 = torch::randn({3, 5, 8}), branch0 = torch::randn({3, 5, 8}), weight0 = torch::rand({8}) + 0.5;
+  EXPECT_FALSE(dropout_add_layer_norm_runs_fused(x0, branch0, weight0));
+  std::vector<torch::Tensor> grads[2], outputs[2];
+  for (int ours : {0, 1}) {
+    auto x = x0.clone().requires_grad_(true), branch = branch0.clone().requires_grad_(true);
+    auto weight = weight0.clone().requires_grad_(true);
+    torch::Tensor sum, normed;
+    if (ours == 1) {
+      std::tie(sum, normed) = dropout_add_layer_norm(x, branch, weight, 0.0);
+    } else {
+      sum = x + branch;
+      normed = torch::layer_norm(sum, {8}, weight, {}, 1e-5);
+    }
+    (sum.sum() + (normed * normed).sum()).backward();
+    outputs[ours] = {sum, normed};
+    grads[ours] = {x.grad(), branch.grad(), weight.grad()};
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(test::tensors_equal(outputs[1][i], outputs[0][i])) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(test::tensors_equal(grads[1][i], grads[0][i])) << i;
+  auto [sum, normed] = dropout_add_layer_norm(x0, branch0, weight0, 0.5);
+  const auto kept = (sum - x0 - branch0 * 2).abs() < 1e-5, dropped = (sum - x0).abs() < 1e-7;
+  EXPECT_TRUE((kept | dropped).all().item<bool>());
+  EXPECT_TRUE(kept.any().item<bool>() && dropped.any().item<bool>());
+  auto [first, first_normed] = dropout_add_layer_norm({}, branch0.to(torch::kBFloat16), weight0, 0.0);  // no residual yet
+  EXPECT_EQ(first.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(test::tensors_equal(first, branch0.to(torch::kBFloat16).to(torch::kFloat)));
 }
 
 // The fused MNIST network is a MnistNet with the same parameters under the same names (so

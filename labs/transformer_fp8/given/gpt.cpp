@@ -93,7 +93,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o)
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(o.dropout));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) { return resid_dropout_(branch(x)); }
+
+torch::Tensor CausalSelfAttentionImpl::branch(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };  // (B, H, T, D)
   auto parts = qkv(x).split(C, /*dim=*/2);
@@ -108,22 +110,24 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   } else {
     y = torch::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
   }
-  return resid_dropout_(proj(y.transpose(1, 2).contiguous().view({B, T, C})));
+  return proj(y.transpose(1, 2).contiguous().view({B, T, C}));
 }
 
 BlockImpl::BlockImpl(const GptOptions& o) {
-  ln1_ = register_module("ln1", BiasFreeLayerNorm(o.n_embd));
+  ln1 = register_module("ln1", BiasFreeLayerNorm(o.n_embd));
   attn = register_module("attn", CausalSelfAttention(o));
-  ln2_ = register_module("ln2", BiasFreeLayerNorm(o.n_embd));
+  ln2 = register_module("ln2", BiasFreeLayerNorm(o.n_embd));
   fc = register_module("fc", Float8Linear(o.n_embd, 4 * o.n_embd, o.linear, o.scaling, o.amax_history));
   fc_proj = register_module("fc_proj", Float8Linear(4 * o.n_embd, o.n_embd, o.linear, o.scaling, o.amax_history));
   mlp_dropout_ = register_module("mlp_dropout", torch::nn::Dropout(o.dropout));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn(ln1_(x));
-  return x + mlp_dropout_(fc_proj(torch::gelu(fc(ln2_(x)))));
+  x = x + attn(ln1(x));
+  return x + mlp_dropout_(mlp(ln2(x)));
 }
+
+torch::Tensor BlockImpl::mlp(const torch::Tensor& x) { return fc_proj(torch::gelu(fc(x))); }
 
 // ---- The model ----------------------------------------------------------------------------------
 
@@ -154,13 +158,17 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
   }
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+torch::Tensor GptImpl::embed(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   if (T > options_.block_size)
     throw amplab::Error("gpt: a sequence of " + std::to_string(T) + " tokens is longer than block_size " +
                         std::to_string(options_.block_size));
   torch::Tensor positions = torch::arange(T, torch::dtype(torch::kInt64).device(idx.device()));
-  torch::Tensor x = drop_(wte_(idx) + wpe_(positions));  // (B, T, C)
+  return wte_(idx) + wpe_(positions);
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  torch::Tensor x = drop_(embed(idx));  // (B, T, C)
   for (auto& block : blocks_) x = block(x);
   return torch::nn::functional::linear(ln_f_(x), wte_->weight);  // (B, T, vocab): the tied head
 }
