@@ -11,7 +11,7 @@
 #   mnist    the MNIST lab's gpu-amp bf16 mode (CUDA graph), 2 epochs, the second timed, against
 #            bench/mnist_reference.py on resident data with a CUDA graph and the lab run's optimizer
 #            and schedule (bench/side_by_side.py --reference-flags). About 25 s a round.
-#   gpt      the GPT lab binary's bf16 row (CUDA-graph steps) over GPT_STEPS steps, against
+#   gpt      the GPT lab binary's bf16 row (the fast path: fused residual steps, CUDA-graph steps) over GPT_STEPS steps, against
 #            bench/gpt_reference.py under torch.compile, mode reduce-overhead every round and mode
 #            default in the first (about 1.7x slower, never the best). About 2 minutes for the
 #            first round (compiling), 40 s for each after (inductor's cache).
