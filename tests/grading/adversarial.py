@@ -210,6 +210,18 @@ ROLE_INTERPOSED = """
 extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }  // amplab::test::judged::role(): "a plain run"
 """
 
+# The test's own comparison (amplab::test::detail::tensors_close) redefined to say "close" whatever
+# the tensors: a process that compares for itself would pass what it should fail. Its return value,
+# a testing::AssertionResult (success flag, no message), comes back through the hidden pointer.
+COMPARISON_INTERPOSED = """
+extern "C" void* _ZN6amplab4test6detail13tensors_closeERKN2at6TensorES5_dd(void* result, const void*, const void*,
+                                                                         double, double) {
+  static_cast<unsigned char*>(result)[0] = 1;
+  static_cast<void**>(result)[1] = nullptr;
+  return result;
+}
+"""
+
 
 def raw_string_across_holes():
     """TODO 1 filled; a raw string opened before unscale_ (TODO 2, the reference in this variant)
@@ -317,6 +329,11 @@ CASES = {
     "exit handler forges the end": (with_body(EXIT_HANDLER), REFUSED,
                                     "a TODO registers an exit handler (no static initializer): after the failed "
                                     "tests it prints gtest's passing lines and exits 0"),
+    "comparison interposed": (solution_text().replace("  return loss * scale_;\n", "  return loss * init_scale_;\n")
+                              + COMPARISON_INTERPOSED, REFUSED,
+                              "the plausible bug below (the initial scale) plus a redefinition of the tests' own "
+                              "tensor comparison that calls everything close: a second definition of a symbol the "
+                              "tests define, which the link refuses (the lab does not build)"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
