@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "amplab/fast/fast_path.hpp"
+#include "amplab/fast/fused_fp8_mlp.hpp"
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/files.hpp"
 #include "amplab/infra/log.hpp"
@@ -357,6 +358,16 @@ void write_sample(Lab& lab, const std::vector<RunResult>& rows) {
   }
 }
 
+// With train.fast_path, the FP8 MLP table has a row of the fast path's FP8 MLP beside your
+// fp8_linear's: delayed scaling whose amaxes come out of the casts, each cast one kernel that also
+// writes the transpose, the ReLU and its backward folded into the casts (amplab/fast/fused_fp8_mlp.hpp).
+tf8::OtherMlpRow fast_fp8_mlp_row() {
+  return {"fp8 (fast path: delayed, fused casts)", [] {
+            auto mlp = std::make_shared<amplab::Fp8ReluMlp>(/*history=*/16);
+            return [mlp](const torch::Tensor& x, const std::vector<torch::Tensor>& weights) { return mlp->forward(x, weights); };
+          }};
+}
+
 // The learning rate follows study.lr_* (nanoGPT's schedule); the core's schedule keys would be ignored.
 void check_schedule(const LabConfig& config) {
   const amplab::OptimizerConfig& o = config.train.optimizer;
@@ -400,7 +411,9 @@ int main(int argc, char** argv) {
     const Setting s = setting_of(lab, data);
     const std::vector<RunResult> rows = precision_study(lab, s, data, progress);
     if (lab.config.study.attention_study) attention_study(lab, s);
-    if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty()) tf8::fp8_tables(lab.results, lab.device, [&lab](const std::string& name) { lab.phase(name); });
+    if (lab.config.study.fp8_mlp && skip_reason(variant_of("fp8"), s).empty())
+      tf8::fp8_tables(lab.results, lab.device, [&lab](const std::string& name) { lab.phase(name); },
+                      lab.config.train.fast_path ? fast_fp8_mlp_row() : tf8::OtherMlpRow{});
     write_sample(lab, rows);
     lab.draw_plots = lab.config.study.plots;
     return amplab::kExitOk;

@@ -22,14 +22,15 @@ struct MlpResult {
   double ms = NAN, loss = NAN;
 };
 constexpr int64_t kMlpFitSteps = 50;
-MlpResult mlp_row(torch::Device device, LinearKind kind, Fp8Scaling scaling = Fp8Scaling::dynamic) {
+MlpResult mlp_row(torch::Device device, LinearKind kind, Fp8Scaling scaling = Fp8Scaling::dynamic,
+                  const std::function<SpeedMlp::Forward()>& other = {}) {
   MlpResult result;
   {
-    SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
+    SpeedMlp mlp(8192, 4, 8192, kind, scaling, device, other ? other() : SpeedMlp::Forward());
     for (int i = 0; i < 3; ++i) mlp.step();
     result.ms = amplab::summarize(amplab::time_back_to_back([&] { mlp.step(); }, device, 10, 3)).median;
   }
-  SpeedMlp mlp(8192, 4, 8192, kind, scaling, device);
+  SpeedMlp mlp(8192, 4, 8192, kind, scaling, device, other ? other() : SpeedMlp::Forward());
   result.loss = mlp.fit(kMlpFitSteps, 1e-4);
   return result;
 }
@@ -95,7 +96,8 @@ void cast_table(amplab::Results& results, torch::Device device) {
 
 // The FP8 MLP against bf16, then single matmuls: a large square one, a small one, and the GPT's
 // qkv projection (64 x 256 tokens, 384 -> 1152).
-void fp8_tables(amplab::Results& results, torch::Device device, const std::function<void(const std::string&)>& phase) {
+void fp8_tables(amplab::Results& results, torch::Device device, const std::function<void(const std::string&)>& phase,
+                const OtherMlpRow& other) {
   phase("fp8 mlp");
   // 6 x batch x width^2 per layer (forward, input and weight gradients), less the first layer's
   // input gradient, which is never computed (its input needs none): 22 x batch x width^2 for 4.
@@ -107,8 +109,10 @@ void fp8_tables(amplab::Results& results, torch::Device device, const std::funct
                                               {"tflops", "TFLOP/s", amplab::decimals(0)}, {"vs_bf16", "vs bf16", amplab::times(2)},
                                               {"fit_loss", "loss after " + std::to_string(kMlpFitSteps) + " steps", amplab::decimals(5)},
                                               {"loss_vs_bf16", "loss vs bf16", amplab::percent_of_one(2)}});
-  for (const auto& [name, r] : {std::pair<std::string, MlpResult>{"bf16 (autocast)", bf16},
-                                {"fp8 (your fp8_linear, dynamic)", dynamic}, {"fp8 (your fp8_linear, delayed)", delayed}})
+  std::vector<std::pair<std::string, MlpResult>> rows = {
+      {"bf16 (autocast)", bf16}, {"fp8 (your fp8_linear, dynamic)", dynamic}, {"fp8 (your fp8_linear, delayed)", delayed}};
+  if (!other.name.empty()) rows.emplace_back(other.name, mlp_row(device, LinearKind::plain, Fp8Scaling::dynamic, other.make));
+  for (const auto& [name, r] : rows)
     table.add({name, r.ms, flops / r.ms / 1e9, bf16.ms / r.ms, r.loss, r.loss / bf16.loss - 1});
   results.print("fp8_mlp", "FP8 MLP against bf16 (forward + backward; 6 x batch x width^2 FLOP per layer, 4 x for the "
                                "first, whose input gradient is never computed; the loss: Adam towards a fixed random "

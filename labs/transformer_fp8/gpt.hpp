@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,7 +132,11 @@ std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weig
 // (batch, width) input under bf16 autocast. LinearKind::plain is torch's linear (bf16 matmuls).
 class SpeedMlp {
  public:
-  SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device);
+  // Another computation of the same MLP, given its input and the layers' weights (for a faster
+  // FP8 MLP's row beside yours): relu after every layer, the output in autocast's dtype.
+  using Forward = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<torch::Tensor>& weights)>;
+  SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device,
+           Forward forward = {});
   void step();  // a training step's forward + backward: the gradients set to none first, as zero_grad leaves them
   // Trains `steps` Adam steps (learning rate `lr`) towards a fixed random target under mean
   // squared error, from the weights as they are; the last step's loss. The same seed gives every
@@ -143,6 +148,7 @@ class SpeedMlp {
   std::vector<Float8Linear> layers_;
   torch::Tensor x_;
   torch::Device device_;
+  Forward other_forward_;
 };
 
 // Continues `prompt` (1, T0) by `tokens` sampled tokens (temperature, top-k), in eval mode.

@@ -6,15 +6,18 @@
 
 #include <ATen/ops/_fused_adamw.h>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "amplab/fast/cuda/fp8_cast_kernels.hpp"
 #include "amplab/fast/cuda/fused_adamw_launch.hpp"
 #include "amplab/fast/cuda/residual_norm_kernels.hpp"
 #include "amplab/fast/fused_layers.hpp"
 #include "amplab/models/models.hpp"
 #include "amplab/fast/cuda_graph.hpp"
 #include "amplab/fast/fast_path.hpp"
+#include "amplab/fast/fused_fp8_mlp.hpp"
 #include "amplab/fast/fused_mnist_net.hpp"
 #include "amplab/fast/fused_residual_norm.hpp"
 #include "amplab/infra/device.hpp"
@@ -617,6 +620,88 @@ TEST(GpuFusedResidualNorm, EachGraphReplayDrawsAMaskItsBackwardFollows_CUDA) {
     EXPECT_TRUE(torch::equal(grads.branch != 0, masks.back())) << "replay " << replay;
   }
   EXPECT_FALSE(torch::equal(masks[0], masks[1])) << "two replays drew the same mask";
+}
+
+// An fp8 tensor's bytes, to compare bit for bit.
+torch::Tensor bytes_of(const torch::Tensor& fp8) { return fp8.view(torch::kUInt8); }
+
+// The FP8 cast kernel against PyTorch's ops, bit for bit, for each way it takes its input and both
+// formats: saturated values (a scale that pushes some past the format's largest), subnormals,
+// zeros; the transposed copy is the transpose; amax is the largest |value| it cast, and only rises.
+TEST(GpuFusedFp8Mlp, CastEqualsPyTorchsOpsToTheBit_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  using cuda::Fp8CastInput;
+  const auto x32 = torch::randn({192, 320}, kGpu) * torch::rand({192, 1}, kGpu).pow(4) * 50;  // rows from tiny to large
+  const auto gate = torch::randn({192, 320}, kGpu).to(torch::kBFloat16).masked_fill(torch::rand({192, 320}, kGpu) < 0.1, 0);
+  for (auto format : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+    const double limit = format == torch::kFloat8_e4m3fn ? 448.0 : 57344.0;
+    for (auto input : {Fp8CastInput::plain, Fp8CastInput::round_bf16, Fp8CastInput::relu, Fp8CastInput::gated}) {
+      for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        if (input == Fp8CastInput::round_bf16 && dtype != torch::kFloat) continue;
+        SCOPED_TRACE(std::string(c10::toString(format)) + " input " + std::to_string(static_cast<int>(input)) + " " +
+                     c10::toString(dtype));
+        const auto x = x32.to(dtype);
+        torch::Tensor values = x.to(torch::kFloat32);
+        if (input == Fp8CastInput::round_bf16) values = x.to(torch::kBFloat16).to(torch::kFloat32);
+        if (input == Fp8CastInput::relu) values = torch::relu(values);
+        if (input == Fp8CastInput::gated) values = values.masked_fill(gate <= 0, 0);
+        const auto amax_expected = values.abs().max();
+        const auto scale = (limit / amax_expected * 4).reshape({});  // the largest quarter saturates
+        const auto expected = (values * scale).clamp(-limit, limit).to(format);
+        auto out = torch::empty({192, 320}, x.options().dtype(format));
+        auto out_t = torch::empty({320, 192}, x.options().dtype(format));
+        auto amax = torch::full({}, 0.5f, torch::TensorOptions().device(kGpu));  // below the true amax: raised
+        ASSERT_TRUE(cuda::fp8_cast_supported(x, input == Fp8CastInput::gated ? gate : torch::Tensor()));
+        cuda::fp8_cast(x, input, input == Fp8CastInput::gated ? gate : torch::Tensor(), scale, out, out_t, amax);
+        EXPECT_TRUE(torch::equal(bytes_of(out), bytes_of(expected)));
+        EXPECT_TRUE(torch::equal(bytes_of(out_t), bytes_of(expected.t().contiguous())));
+        EXPECT_EQ(amax.item<float>(), amax_expected.item<float>());
+        auto higher = torch::full({}, 1e30f, torch::TensorOptions().device(kGpu));
+        cuda::fp8_cast(x, input, input == Fp8CastInput::gated ? gate : torch::Tensor(), scale, {}, {}, higher);
+        EXPECT_EQ(higher.item<float>(), 1e30f) << "amax went down";
+      }
+    }
+  }
+  EXPECT_FALSE(cuda::fp8_cast_supported(torch::randn({192, 80}, kGpu), {})) << "80 columns: not whole tiles";
+  EXPECT_FALSE(cuda::fp8_cast_supported(torch::randn({320, 192}, kGpu).t(), {})) << "not contiguous";
+}
+
+// The FP8 MLP on our kernels equals the same MLP on PyTorch's ops (Fp8ReluMlp's reference) to the
+// bit, over steps that change the weights and the input's range, with a history of 2 steps that
+// wraps around: outputs, the input's and the weights' gradients, and every step's scales. One
+// layer's width (80) is not whole tiles: its casts run PyTorch's ops in both.
+TEST(GpuFusedFp8Mlp, EqualsItsPyTorchOpsToTheBit_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  if (at::cuda::getCurrentDeviceProperties()->major * 10 + at::cuda::getCurrentDeviceProperties()->minor < 89)
+    GTEST_SKIP() << "no FP8 matmul on this GPU (compute capability 8.9 or newer)";
+  torch::manual_seed(0);
+  const auto x0 = torch::randn({256, 512}, kGpu);
+  const std::vector<torch::Tensor> w0 = {torch::randn({384, 512}, kGpu) * 0.05, torch::randn({80, 384}, kGpu) * 0.05,
+                                         torch::randn({128, 80}, kGpu) * 0.1};
+  std::vector<torch::Tensor> seen[2];
+  for (int kernels : {1, 0}) {
+    Fp8ReluMlp mlp(/*history=*/2, kernels == 1);
+    std::vector<torch::Tensor> weights;
+    for (const auto& w : w0) weights.push_back(w.clone().requires_grad_(true));
+    for (double range : {1.0, 8.0, 1.0, 1.0}) {
+      const auto x = (x0 * range).requires_grad_(true);
+      const auto y = mlp.forward(x, weights);
+      (y.to(torch::kFloat32) * torch::linspace(-1, 1, 128, kGpu)).sum().backward();
+      seen[kernels].insert(seen[kernels].end(), {y.detach(), x.grad(), mlp.scales().clone()});
+      torch::NoGradGuard no_grad;
+      for (auto& w : weights) {
+        seen[kernels].push_back(w.grad().clone());
+        w -= 0.05 * w.grad() / w.grad().abs().max();
+        w.mutable_grad() = torch::Tensor();
+      }
+    }
+  }
+  ASSERT_EQ(seen[0].size(), seen[1].size());
+  for (size_t i = 0; i < seen[0].size(); ++i) {
+    ASSERT_TRUE(seen[1][i].defined()) << i;
+    EXPECT_TRUE(torch::equal(seen[1][i], seen[0][i])) << "tensor " << i << " (per step: y, x's grad, scales, 3 weights' grads)";
+  }
 }
 
 TEST(GpuMonitorCuda, ReadsTheClockAndPowerWhileMatmulsRun_CUDA) {

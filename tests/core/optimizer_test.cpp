@@ -13,6 +13,7 @@
 #include "amplab/infra/error.hpp"
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_adamw.hpp"
+#include "amplab/fast/fused_fp8_mlp.hpp"
 #include "amplab/fast/fused_mnist_net.hpp"
 #include "amplab/fast/fused_residual_norm.hpp"
 #include "amplab/fast/fused_sgd.hpp"
@@ -239,6 +240,49 @@ TEST(FastPath, ResidualNormOffTheGpuIsPyTorchsOps) {
   auto [first, first_normed] = dropout_add_layer_norm({}, branch0.to(torch::kBFloat16), weight0, 0.0);  // no residual yet
   EXPECT_EQ(first.scalar_type(), torch::kFloat);
   EXPECT_TRUE(test::tensors_equal(first, branch0.to(torch::kBFloat16).to(torch::kFloat)));
+}
+
+// The fast path's FP8 MLP off a GPU (PyTorch's ops, the reference its kernels are held to): each
+// tensor's scale comes from the largest amax of its past `history` steps, the first step's from
+// its own; the output and gradients are FP8's rounding of the float32 MLP's; bad shapes are refused.
+TEST(FastPath, Fp8MlpScalesFromThePastStepsAmaxes) {
+  torch::manual_seed(0);
+  const auto x0 = torch::randn({32, 64});
+  std::vector<torch::Tensor> weights = {(torch::randn({48, 64}) * 0.1).requires_grad_(true),
+                                        (torch::randn({32, 48}) * 0.1).requires_grad_(true)};
+  Fp8ReluMlp mlp(/*history=*/2);
+  std::vector<double> amax, x_scale;
+  for (double range : {1.0, 4.0, 1.0, 1.0, 1.0}) {
+    const auto x = x0 * range;
+    mlp.forward(x, weights).sum().backward();
+    amax.push_back(x.to(torch::kBFloat16).abs().max().item<double>());
+    x_scale.push_back(mlp.scales()[0][0].item<double>());
+    EXPECT_FLOAT_EQ(mlp.scales()[1][0].item<float>(), 448 / weights[0].abs().max().item<float>()) << "the weight's";
+    EXPECT_FLOAT_EQ(mlp.scales()[5][0].item<float>(), 57344) << "the last gradient's: its amax is 1";
+  }
+  const std::vector<double> expected = {448 / amax[0], 448 / amax[0], 448 / amax[1], 448 / amax[1], 448 / amax[0]};
+  for (size_t k = 0; k < expected.size(); ++k) EXPECT_FLOAT_EQ(x_scale[k], expected[k]) << "step " << k;
+
+  for (auto& w : weights) w.mutable_grad() = torch::Tensor();
+  const auto x = x0.clone().requires_grad_(true);
+  const auto y = Fp8ReluMlp().forward(x, weights);  // a fresh state: this loss's gradients have their own range
+  y.to(torch::kFloat32).pow(2).sum().backward();
+  std::vector<torch::Tensor> ours = {y.to(torch::kFloat32), x.grad(), weights[0].grad(), weights[1].grad()};
+  auto x32 = x0.clone().requires_grad_(true);
+  std::vector<torch::Tensor> w32 = {weights[0].detach().clone().requires_grad_(true),
+                                    weights[1].detach().clone().requires_grad_(true)};
+  const auto y32 = torch::relu(torch::relu(x32.matmul(w32[0].t())).matmul(w32[1].t()));
+  y32.pow(2).sum().backward();
+  const std::vector<torch::Tensor> reference = {y32, x32.grad(), w32[0].grad(), w32[1].grad()};
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(ours[i].sizes(), reference[i].sizes()) << i;
+    const double error = ((ours[i] - reference[i]).norm() / reference[i].norm()).item<double>();
+    EXPECT_LT(error, 0.15) << "tensor " << i << " (y, x's grad, the weights' grads): FP8 rounds, it does not reorder";
+  }
+  EXPECT_THROW(mlp.forward(x0.reshape({8, 4, 64}), weights), Error);
+  EXPECT_THROW(mlp.forward(x0, {weights[0]}), Error) << "one MLP, one state: another layer count";
+  EXPECT_THROW(Fp8ReluMlp().forward(torch::randn({32, 60}), {torch::randn({48, 60})}), Error) << "60 is no multiple of 16";
+  EXPECT_THROW(Fp8ReluMlp().forward(x0, {weights[1]}), Error) << "the weight's columns are not x's";
 }
 
 // The fused MNIST network is a MnistNet with the same parameters under the same names (so

@@ -1,6 +1,7 @@
 // train.fast_path, composed. The key turns on together what this room holds: the fused network
 // (FusedMnistNet: our kernels for the convolutions' ends), a transformer's residual step in one
-// kernel (fused_residual_norm.hpp, which lab 7's program builds its FusedGpt from), PyTorch's
+// kernel (fused_residual_norm.hpp, which lab 7's program builds its FusedGpt from), an FP8 ReLU
+// MLP whose casts are one kernel each (fused_fp8_mlp.hpp, a row of lab 7's FP8 table), PyTorch's
 // fused SGD/AdamW, and on a GPU the whole step replayed as one CUDA graph. The teaching core (models/, train/) never includes
 // this room; a lab's program that offers the key does, and hands the core what these functions
 // make: the network, the Trainer's optimizer factory, and fit()'s way of running a step.
