@@ -16,7 +16,8 @@
 #            default in the first (about 1.7x slower, never the best). About 2 minutes for the
 #            first round (compiling), 40 s for each after (inductor's cache).
 #   fp8_mlp  that binary's FP8 MLP table (study.rows=[]: no GPT trained; its cast and matmul tables
-#            come with it) against bench/fp8_mlp_reference.py: bf16 eager and compiled, torchao's
+#            come with it; the fastest of its FP8 rows counts: with train.fast_path, the fast path's
+#            FP8 MLP beside the lab's fp8_linear) against bench/fp8_mlp_reference.py: bf16 eager and compiled, torchao's
 #            Float8Linear tensorwise and rowwise, compiled. About 95 s, then 60 s a round.
 #   ddp      the lab's MLP bench, its reference setting (fp32 gradients), under amplab-run on 2 and
 #            4 GPUs, against bench/ddp_reference.py under torchrun with bucket_cap_mb DDP_BUCKETS,
