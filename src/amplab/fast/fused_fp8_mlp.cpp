@@ -180,7 +180,7 @@ struct Fp8ReluMlpFunction : torch::autograd::Function<Fp8ReluMlpFunction> {
     const bool prime = ctx->saved_data["prime"].toBool(), x_grad = ctx->saved_data["x_grad"].toBool();
     const tensor_list saved = ctx->get_saved_variables();
     const auto layers = static_cast<int64_t>(saved.size()) / 3;
-    tensor_list result(layers + 3);  // x, the weights, the state
+    tensor_list result(layers + 2);  // x, the weights, the state
     torch::Tensor g = grads[0].to(torch::kBFloat16).contiguous();  // d loss / d (layer l's ReLU output)
     for (int64_t l = layers - 1; l >= 0; --l) {
       const torch::Tensor &x8_t = saved[3 * l], &w8_t = saved[3 * l + 1], &gate = saved[3 * l + 2];
