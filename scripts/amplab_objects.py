@@ -46,7 +46,8 @@ VETTED_C = re.compile(r"""^(
 
 # C++ library parts no lab code needs and an attacker would: files, threads, the test framework,
 # torch's serialization (a path in, a file out), ATen's kernels called past the dispatcher and the
-# switches of its op observers (a test watches which ops a TODO calls).
+# switches of its op observers (a test watches which ops a TODO calls), and the tensor allocators'
+# setters (a test counts a TODO's allocations through the CPU allocator).
 REFUSED_CPP = re.compile(r"""(
     std::(__cxx11::)?basic_(i|o)?fstream|std::(__cxx11::)?basic_filebuf|std::filesystem::|__gnu_cxx::stdio_(sync_)?filebuf|
     std::thread::_M_start_thread|std::this_thread::|std::system|
@@ -55,7 +56,8 @@ REFUSED_CPP = re.compile(r"""(
     c10::(Pickler|Unpickler)|
     torch::distributed|c10d::|
     at::native::|at::(clearCallbacks|clearThreadLocalCallbacks|clearGlobalCallbacks|removeCallback|enableRecordFunction|
-                      set_record_function_tls_)\b
+                      set_record_function_tls_)\b|
+    c10::(SetCPUAllocator|SetAllocator)\b
 )""", re.VERBOSE)
 
 # Namespaces of others: a strong definition there replaces the library's; a weak one is a template

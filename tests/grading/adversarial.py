@@ -334,6 +334,13 @@ CASES = {
                               "the plausible bug below (the initial scale) plus a redefinition of the tests' own "
                               "tensor comparison that calls everything close: a second definition of a symbol the "
                               "tests define, which the link refuses (the lab does not build)"),
+    "tensor allocator replaced": ("#include <c10/core/CPUAllocator.h>\n" + with_body(
+        SCALE_BODY.replace("  return loss * scale_;", "  static c10::Allocator* mine = c10::GetCPUAllocator();\n"
+                                                       "  c10::SetCPUAllocator(mine, /*priority=*/255);\n"
+                                                       "  return loss * scale_;")), REFUSED,
+        "honest TODO 1 code that also puts an allocator of its own above every other: graded tests count a "
+        "TODO's tensor allocations through torch's CPU allocator (lab 3's counter), which this would take out of "
+        "their sight: refused for the call, as a whole"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
