@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
+
 #include <ATen/ops/_fused_adamw.h>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -464,6 +466,74 @@ TEST(GpuFusedLayers, OneChannelConvBiasReluMatchesPyTorch_CUDA) {
   EXPECT_FALSE(conv3x3_bias_relu_runs_fused(x.clone().requires_grad_(true), weight0, bias0));  // would need x's gradient
   EXPECT_FALSE(conv3x3_bias_relu_runs_fused(x.cpu(), weight0.cpu(), bias0.cpu()));
   EXPECT_FALSE(conv3x3_bias_relu_runs_fused(torch::rand({2, 3, 28, 28}, kGpu), weight0, bias0));
+}
+
+// ||actual - expected|| / ||expected||, in float64.
+double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
+  auto a = actual.to(torch::kFloat64), e = expected.to(torch::kFloat64);
+  return ((a - e).norm() / e.norm()).item<double>();
+}
+
+// Both convolutions and the pool in one kernel (and one backward) against PyTorch's layers under
+// autocast, for bf16 and fp16 and both weight layouts. The pooled values agree to the dtype's
+// rounding: our sums run in another order than cuDNN's, so a window whose two largest values are
+// within a rounding of each other may pick the other one. That moves a few gradients to the
+// neighbouring position, so the parameters' gradients are compared by relative norm. A wrong tap,
+// a transposed weight or a gradient sent to the wrong window is off by the order of 1. The
+// gradients are the same from run to run (the images' sums add in a fixed order).
+TEST(GpuFusedLayers, MnistFeaturesInOneKernelMatchPyTorchsLayers_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  const int64_t n = 37;  // not a multiple of the sum's four accumulators
+  auto x = torch::rand({n, 1, 28, 28}, kGpu);
+  auto w1_0 = torch::randn({32, 1, 3, 3}, kGpu) * 0.3, b1_0 = torch::randn({32}, kGpu) * 0.1;
+  auto w2_0 = torch::randn({64, 32, 3, 3}, kGpu) * 0.06, b2_0 = torch::randn({64}, kGpu) * 0.1;
+  auto grad_y = torch::randn({n, 64, 12, 12}, kGpu);
+  struct Run {
+    torch::Tensor y;
+    std::vector<torch::Tensor> grads;  // w1, b1, w2, b2
+  };
+  for (Precision precision : {Precision::bf16_mixed, Precision::fp16_mixed})
+    for (bool channels_last : {false, true}) {
+      SCOPED_TRACE(to_string(precision) + (channels_last ? ", channels-last weights" : ", contiguous weights"));
+      const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      auto run = [&](bool ours) {
+        std::vector<torch::Tensor> p = {w1_0.contiguous(format), b1_0.clone(), w2_0.contiguous(format), b2_0.clone()};
+        for (auto& t : p) t = t.detach().requires_grad_(true);
+        torch::Tensor y;
+        {
+          AutocastGuard autocast(kGpu, precision);
+          EXPECT_TRUE(mnist_features_runs_fused(x, p[0], p[1], p[2], p[3]));
+          y = ours ? mnist_features(x, p[0], p[1], p[2], p[3])
+                   : torch::max_pool2d(torch::relu(torch::conv2d(torch::relu(torch::conv2d(x, p[0], p[1])), p[2], p[3])), 2);
+        }
+        y.backward(grad_y.to(y.scalar_type()));
+        Run r{y.detach(), {}};
+        for (auto& t : p) r.grads.push_back(t.grad());
+        return r;
+      };
+      Run ours = run(true), reference = run(false), again = run(true);
+      EXPECT_EQ(ours.y.scalar_type(), reference.y.scalar_type());
+      EXPECT_TRUE(ours.y.is_contiguous());
+      EXPECT_TRUE(test::tensors_close(ours.y, reference.y, 1e-2, 1e-2));
+      const char* names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"};
+      for (size_t i = 0; i < 4; ++i) {
+        SCOPED_TRACE(names[i]);
+        const double error = relative_error(ours.grads[i], reference.grads[i]);
+        std::cout << "  " << names[i] << ": relative error " << error << "\n";
+        EXPECT_LT(error, 2e-2);
+        EXPECT_EQ(ours.grads[i].scalar_type(), torch::kFloat);
+        EXPECT_EQ(ours.grads[i].strides(), reference.grads[i].strides());  // the parameter's layout
+        EXPECT_TRUE(test::tensors_equal(ours.grads[i], again.grads[i]));
+      }
+    }
+  // What the kernel does not take runs the layers one by one: fp32, images that need a gradient,
+  // another image size, CPU tensors.
+  EXPECT_FALSE(mnist_features_runs_fused(x, w1_0, b1_0, w2_0, b2_0));  // no autocast: fp32
+  AutocastGuard autocast(kGpu, Precision::bf16_mixed);
+  EXPECT_FALSE(mnist_features_runs_fused(x.clone().requires_grad_(true), w1_0, b1_0, w2_0, b2_0));
+  EXPECT_FALSE(mnist_features_runs_fused(torch::rand({2, 1, 27, 27}, kGpu), w1_0, b1_0, w2_0, b2_0));
+  EXPECT_FALSE(mnist_features_runs_fused(x.cpu(), w1_0.cpu(), b1_0.cpu(), w2_0.cpu(), b2_0.cpu()));
 }
 
 // The MNIST network on its fused path gives the textbook layers' loss and gradients (bf16

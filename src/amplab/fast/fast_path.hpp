@@ -1,5 +1,5 @@
 // train.fast_path, composed. The key turns on together what this room holds: the fused network
-// (FusedMnistNet: our kernels for the convolutions' ends), a transformer's residual step in one
+// (FusedMnistNet: our kernels for the convolutions), a transformer's residual step in one
 // kernel (fused_residual_norm.hpp, which lab 7's program builds its FusedGpt from), an FP8 ReLU
 // MLP whose casts are one kernel each (fused_fp8_mlp.hpp, a row of lab 7's FP8 table), PyTorch's
 // fused SGD/AdamW, and on a GPU the whole step replayed as one CUDA graph. The teaching core (models/, train/) never includes

@@ -7,6 +7,7 @@
 
 #if AMPLAB_WITH_CUDA
 #include "amplab/fast/cuda/layer_kernels.hpp"
+#include "amplab/fast/cuda/mnist_features_kernels.hpp"
 #endif
 
 namespace amplab {
@@ -36,6 +37,25 @@ struct Conv3x3BiasRelu : torch::autograd::Function<Conv3x3BiasRelu> {
     auto saved = ctx->get_saved_variables();
     auto [grad_weight, grad_bias] = cuda::conv3x3_bias_relu_backward(grads[0], saved[0], saved[1], saved[2]);
     return {torch::Tensor(), grad_weight, grad_bias};
+  }
+};
+
+// Both convolutions and the pool; the parameters come in float32 and their gradients go out in
+// float32 (the kernels round them as autocast's casts would), x needs no gradient.
+struct MnistFeatures : torch::autograd::Function<MnistFeatures> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
+                               const torch::Tensor& b1, const torch::Tensor& w2, const torch::Tensor& b2,
+                               torch::ScalarType dtype) {
+    cuda::MnistFeatures out = cuda::mnist_features_forward(x, w1, b1, w2, b2, dtype);
+    ctx->save_for_backward({out.route, x, w1, b1, w2, b2});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    return out.y;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    cuda::MnistFeatureGrads g = cuda::mnist_features_backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], dtype);
+    return {torch::Tensor(), g.w1, g.b1, g.w2, g.b2, torch::Tensor()};
   }
 };
 
@@ -85,6 +105,23 @@ PoolCall pool_call(const torch::Tensor& x, const torch::Tensor& bias) {
 
 bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   return conv_call(x, weight, bias).fused;
+}
+
+bool mnist_features_runs_fused(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                               const torch::Tensor& w2, const torch::Tensor& b2) {
+#if AMPLAB_WITH_CUDA
+  return !x.requires_grad() && cuda::mnist_features_supported(x, w1, b1, w2, b2, compute_dtype(w1));
+#else
+  return false;
+#endif
+}
+
+torch::Tensor mnist_features(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                             const torch::Tensor& w2, const torch::Tensor& b2) {
+#if AMPLAB_WITH_CUDA
+  if (mnist_features_runs_fused(x, w1, b1, w2, b2)) return MnistFeatures::apply(x, w1, b1, w2, b2, compute_dtype(w1));
+#endif
+  return bias_relu_max_pool2(torch::conv2d(conv3x3_bias_relu(x, w1, b1), w2), b2);
 }
 
 bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) { return pool_call(x, bias).fused; }

@@ -1,5 +1,8 @@
-// Layers of the MNIST network whose ends run as one kernel of ours on a GPU
-// (src/amplab/fast/cuda/layer_kernels.hpp), and as PyTorch's ops everywhere else:
+// Layers of the MNIST network that run as kernels of ours on a GPU (src/amplab/fast/cuda/), and as
+// PyTorch's ops everywhere else:
+//   mnist_features(x, w1, b1, w2, b2) == max_pool2d(relu(conv2d(relu(conv2d(x, w1, b1)), w2, b2)), 2)
+//       both convolutions and the pool in one kernel (and one backward), under bf16 or fp16 autocast
+//       (mnist_features_kernels.hpp); otherwise the two calls below, then PyTorch's ops
 //   conv3x3_bias_relu(x, w, b)  == relu(conv2d(x, w, b))          x: (N, 1, H, W) images
 //   bias_relu_max_pool2(x, b)   == max_pool2d(relu(x + b), 2)      x: a convolution's output, no bias
 // Under autocast the weight and bias are cast to its dtype, as autocast casts them for a
@@ -11,10 +14,14 @@
 
 namespace amplab {
 
+torch::Tensor mnist_features(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                             const torch::Tensor& w2, const torch::Tensor& b2);
 torch::Tensor conv3x3_bias_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 torch::Tensor bias_relu_max_pool2(const torch::Tensor& x, const torch::Tensor& bias);
 
-// Whether these calls run our kernels (a GPU, and shapes, layouts and dtypes they take) or PyTorch's ops.
+// Whether these calls run our kernels (mnist_features: its one kernel) (a GPU, and shapes, layouts and dtypes they take) or PyTorch's ops.
+bool mnist_features_runs_fused(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                                const torch::Tensor& w2, const torch::Tensor& b2);
 bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias);
 

@@ -1,7 +1,8 @@
-// The MNIST network of models.hpp with the ends of its two convolutions each one kernel of ours
-// (fused_layers.hpp): conv1 + bias + ReLU, and conv2's bias + ReLU + 2x2 max-pool. The same
-// parameters under the same names (checkpoints and safetensors files go from one to the other),
-// the same values and gradients up to the order of float sums, in fewer and faster kernels.
+// The MNIST network of models.hpp with its convolutions in kernels of ours (fused_layers.hpp): under
+// bf16 or fp16 autocast both convolutions and the pool in one kernel (one backward), else conv1 +
+// bias + ReLU in one and conv2's bias + ReLU + 2x2 max-pool in another. The same parameters under
+// the same names (checkpoints and safetensors files go from one to the other), the same values and
+// gradients up to the order of float sums, in fewer and faster kernels.
 #pragma once
 
 #include "amplab/models/models.hpp"

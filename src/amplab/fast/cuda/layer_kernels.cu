@@ -7,24 +7,13 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "amplab/fast/cuda/bias_relu.cuh"
+
 namespace amplab::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-
-// relu(x + b) as PyTorch computes it: the sum rounded to scalar_t, then ReLU (NaN stays NaN).
-template <class scalar_t>
-__device__ __forceinline__ scalar_t add_relu(scalar_t x, scalar_t b) {
-  const scalar_t sum = static_cast<scalar_t>(static_cast<float>(x) + static_cast<float>(b));
-  return (at::_isnan(sum) || static_cast<float>(sum) > 0.f) ? sum : static_cast<scalar_t>(0.f);
-}
-
-// Whether ReLU let the gradient through: PyTorch's threshold_backward passes it unless y <= 0.
-template <class scalar_t>
-__device__ __forceinline__ bool passes(scalar_t y) {
-  return !(static_cast<float>(y) <= 0.f);
-}
 
 // The sizes a kernel works with: the input's batch, height and width, and the channels (the
 // pool's input channels, the convolution's output channels).
