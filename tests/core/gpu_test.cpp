@@ -536,6 +536,48 @@ TEST(GpuFusedLayers, MnistFeaturesInOneKernelMatchPyTorchsLayers_CUDA) {
   EXPECT_FALSE(mnist_features_runs_fused(x.cpu(), w1_0.cpu(), b1_0.cpu(), w2_0.cpu(), b2_0.cpu()));
 }
 
+// The fast path's linear under autocast against torch::linear under autocast: the same output and
+// input gradient to the bit (the same cuBLAS calls); the weight and bias gradients in float32, equal
+// to the float sums of the same 16-bit values (autocast's path rounds them to the dtype first, so
+// it is within the dtype's rounding of ours). A gradient of the wrong layout, a missing bias
+// gradient or one summed over the wrong axis is off by the order of 1.
+TEST(GpuFusedLayers, LinearWritesFloatGradientsOfAutocastsLinear_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  auto x0 = torch::randn({128, 256}, kGpu), w0 = torch::randn({64, 256}, kGpu) * 0.05, b0 = torch::randn({64}, kGpu) * 0.1;
+  auto grad_y = torch::randn({128, 64}, kGpu);
+  for (Precision precision : {Precision::bf16_mixed, Precision::fp16_mixed}) {
+    SCOPED_TRACE(to_string(precision));
+    const auto dtype = precision == Precision::bf16_mixed ? torch::kBFloat16 : torch::kHalf;
+    std::vector<std::vector<torch::Tensor>> runs;  // y, x's, w's and b's gradients
+    for (bool ours : {true, false}) {
+      auto x = x0.to(dtype).requires_grad_(true);
+      auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      torch::Tensor y;
+      {
+        AutocastGuard autocast(kGpu, precision);
+        EXPECT_TRUE(linear_runs_fused(x, w, b));
+        y = ours ? linear(x, w, b) : torch::linear(x, w, b);
+      }
+      y.backward(grad_y.to(y.scalar_type()));
+      runs.push_back({y.detach(), x.grad(), w.grad(), b.grad()});
+    }
+    EXPECT_TRUE(test::tensors_equal(runs[0][0], runs[1][0]));
+    EXPECT_TRUE(test::tensors_equal(runs[0][1], runs[1][1]));
+    const auto g = grad_y.to(dtype).to(torch::kFloat), x = x0.to(dtype).to(torch::kFloat);
+    EXPECT_EQ(runs[0][2].scalar_type(), torch::kFloat);
+    EXPECT_TRUE(test::tensors_close(runs[0][2], g.t().mm(x), 1e-4, 1e-4));
+    EXPECT_TRUE(test::tensors_close(runs[0][3], g.sum(0), 1e-4, 1e-4));
+    EXPECT_TRUE(test::tensors_close(runs[0][2], runs[1][2], 1e-2, 1e-3));
+    EXPECT_TRUE(test::tensors_close(runs[0][3], runs[1][3], 1e-2, 1e-3));
+  }
+  // fp32 (no autocast), float input under autocast and CPU tensors run torch::linear.
+  EXPECT_FALSE(linear_runs_fused(x0.to(torch::kBFloat16), w0, b0));
+  AutocastGuard autocast(kGpu, Precision::bf16_mixed);
+  EXPECT_FALSE(linear_runs_fused(x0, w0, b0));
+  EXPECT_FALSE(linear_runs_fused(x0.cpu().to(torch::kBFloat16), w0.cpu(), b0.cpu()));
+}
+
 // The MNIST network on its fused path gives the textbook layers' loss and gradients (bf16
 // autocast, channels-last, dropout off so both see the same activations), to bf16's rounding.
 TEST(GpuFusedLayers, MnistNetFusedEqualsTextbookLayers_CUDA) {

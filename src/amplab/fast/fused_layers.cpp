@@ -59,6 +59,29 @@ struct MnistFeatures : torch::autograd::Function<MnistFeatures> {
   }
 };
 
+// y = x w^T + b in the autocast dtype, as autocast's linear computes it (cuBLAS, the bias in its
+// epilogue); backward writes the float32 parameters' gradients in float32 directly. The sums are the
+// same; what differs from autocast's path is one rounding: its gradients are rounded to the dtype
+// before the cast back to float32, these are not.
+struct LinearFloatGrads : torch::autograd::Function<LinearFloatGrads> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias, torch::ScalarType dtype) {
+    torch::Tensor w = weight.to(dtype);  // x is in dtype already (linear_runs_fused)
+    ctx->save_for_backward({x, w});
+    return at::addmm(bias.to(dtype), x, w.t());
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& input = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor g = grads[0].contiguous();
+    torch::Tensor grad_x = ctx->needs_input_grad(0) ? g.mm(w) : torch::Tensor();
+    torch::Tensor grad_w = at::mm(g.t(), input, torch::kFloat);
+    torch::Tensor grad_b = at::mm(at::ones({1, g.size(0)}, g.options()), g, torch::kFloat).view({-1});
+    return {grad_x, grad_w, grad_b, torch::Tensor()};
+  }
+};
+
 struct BiasReluMaxPool2 : torch::autograd::Function<BiasReluMaxPool2> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias) {
     ctx->save_for_backward({x, bias});  // the backward finds each window's maximum again
@@ -105,6 +128,19 @@ PoolCall pool_call(const torch::Tensor& x, const torch::Tensor& bias) {
 
 bool conv3x3_bias_relu_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   return conv_call(x, weight, bias).fused;
+}
+
+bool linear_runs_fused(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  const auto dtype = compute_dtype(weight);
+  return x.is_cuda() && (dtype == torch::kBFloat16 || dtype == torch::kHalf) && x.dim() == 2 &&
+         x.scalar_type() == dtype && weight.scalar_type() == torch::kFloat && bias.defined() &&
+         bias.scalar_type() == torch::kFloat && weight.dim() == 2 && bias.dim() == 1 && x.size(1) == weight.size(1) &&
+         bias.size(0) == weight.size(0) && weight.device() == x.device() && bias.device() == x.device();
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (linear_runs_fused(x, weight, bias)) return LinearFloatGrads::apply(x, weight, bias, compute_dtype(weight));
+  return torch::linear(x, weight, bias);
 }
 
 bool mnist_features_runs_fused(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,

@@ -12,6 +12,9 @@ namespace amplab {
 struct FusedMnistNetImpl : MnistNetImpl {
   // On a GPU our kernels; elsewhere MnistNetImpl::forward, since our kernels are CUDA only.
   torch::Tensor forward(torch::Tensor x) override;
+  // Under bf16 or fp16 autocast on a GPU, fused_layers' linear: the same values, the parameters'
+  // gradients written in float32 by cuBLAS (no casts, no slow column sum for the bias).
+  torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) override;
 };
 
 // A MnistNet computed by FusedMnistNetImpl: it goes wherever a MnistNet goes.

@@ -26,9 +26,9 @@ torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
 torch::Tensor MnistNetImpl::classify(torch::Tensor x) {
   x = dropout1(x);
   x = torch::flatten(x, 1);  // (N, 9216)
-  x = torch::relu(fc1(x));
+  x = torch::relu(linear(fc1, x));
   x = dropout2(x);
-  x = fc2(x);  // (N, 10)
+  x = linear(fc2, x);  // (N, 10)
   return torch::log_softmax(x, /*dim=*/1);
 }
 
