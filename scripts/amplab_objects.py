@@ -46,8 +46,9 @@ VETTED_C = re.compile(r"""^(
 
 # C++ library parts no lab code needs and an attacker would: files, threads, the test framework,
 # torch's serialization (a path in, a file out), ATen's kernels called past the dispatcher and the
-# switches of its op observers (a test watches which ops a TODO calls), and the tensor allocators'
-# setters (a test counts a TODO's allocations through the CPU allocator).
+# switches of its op observers (a test watches which ops a TODO calls), the tensor allocators'
+# setters (a test counts a TODO's allocations through the CPU allocator), and the dispatcher's
+# registration of kernels (one registered over ATen's would run inside every op a test computes with).
 REFUSED_CPP = re.compile(r"""(
     std::(__cxx11::)?basic_(i|o)?fstream|std::(__cxx11::)?basic_filebuf|std::filesystem::|__gnu_cxx::stdio_(sync_)?filebuf|
     std::thread::_M_start_thread|std::this_thread::|std::system|
@@ -57,7 +58,8 @@ REFUSED_CPP = re.compile(r"""(
     torch::distributed|c10d::|
     at::native::|at::(clearCallbacks|clearThreadLocalCallbacks|clearGlobalCallbacks|removeCallback|enableRecordFunction|
                       set_record_function_tls_)\b|
-    c10::(SetCPUAllocator|SetAllocator)\b
+    c10::(SetCPUAllocator|SetAllocator)\b|
+    torch::Library\b|(torch|c10)::RegisterOperators\b|c10::Dispatcher::
 )""", re.VERBOSE)
 
 # Namespaces of others: a strong definition there replaces the library's; a weak one is a template
@@ -154,7 +156,8 @@ def check(obj, reference_obj):
                 findings.append(f"it calls '{name}', which lab code may not (no process, file, environment, signal, "
                                 "IPC, socket, dynamic-loading or system-call functions)")
         elif REFUSED_CPP.search(plain):
-            findings.append(f"it calls '{plain[:120]}', which lab code may not (files, threads, the test framework, ATen kernels past the dispatcher, op observers)")
+            findings.append(f"it calls '{plain[:120]}', which lab code may not (files, threads, the test framework, ATen kernels past the dispatcher, op observers, "
+                            "allocators, kernel registration)")
     if reference_obj is not None:
         theirs = set(startup_calls(reference_obj))
         extra = [s for s in startup_calls(obj) if not STARTUP_ALLOWED.match(s) and s not in theirs]

@@ -341,6 +341,16 @@ CASES = {
         "honest TODO 1 code that also puts an allocator of its own above every other: graded tests count a "
         "TODO's tensor allocations through torch's CPU allocator (lab 3's counter), which this would take out of "
         "their sight: refused for the call, as a whole"),
+    "kernel registered over ATen's": ("#include <torch/library.h>\n" + with_body(
+        SCALE_BODY.replace("  return loss * scale_;",
+                           "  static torch::Library mine(torch::Library::IMPL, \"aten\", c10::DispatchKey::CPU, __FILE__, __LINE__);\n"
+                           "  static bool once = (mine.impl(\"isclose\", +[](const at::Tensor& a, const at::Tensor& b, double, double,\n"
+                           "                                               bool) { return at::ones_like(a, at::kBool); }), true);\n"
+                           "  (void)once;\n"
+                           "  return loss * scale_;")), REFUSED,
+        "honest TODO 1 code that also registers, at its first call, a CPU kernel of its own for aten::isclose: "
+        "the dispatcher would run it inside every comparison the test process makes, and any op can be taken "
+        "over the same way: refused for the registration, as a whole"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
