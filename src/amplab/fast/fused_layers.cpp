@@ -75,9 +75,10 @@ struct LinearFloatGrads : torch::autograd::Function<LinearFloatGrads> {
     const torch::Tensor& input = saved[0];
     const torch::Tensor& w = saved[1];
     const torch::Tensor g = grads[0].contiguous();
-    torch::Tensor grad_x = ctx->needs_input_grad(0) ? g.mm(w) : torch::Tensor();
-    torch::Tensor grad_w = at::mm(g.t(), input, torch::kFloat);
-    torch::Tensor grad_b = at::mm(at::ones({1, g.size(0)}, g.options()), g, torch::kFloat).view({-1});
+    torch::Tensor grad_x, grad_w, grad_b;  // only those asked for (frozen parameters ask for none)
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(w);
+    if (ctx->needs_input_grad(1)) grad_w = at::mm(g.t(), input, torch::kFloat);
+    if (ctx->needs_input_grad(2)) grad_b = at::mm(at::ones({1, g.size(0)}, g.options()), g, torch::kFloat).view({-1});
     return {grad_x, grad_w, grad_b, torch::Tensor()};
   }
 };
