@@ -536,6 +536,81 @@ TEST(GpuFusedLayers, MnistFeaturesInOneKernelMatchPyTorchsLayers_CUDA) {
   EXPECT_FALSE(mnist_features_runs_fused(x.cpu(), w1_0.cpu(), b1_0.cpu(), w2_0.cpu(), b2_0.cpu()));
 }
 
+// fc1's ReLU, the dropout, fc2 and log-softmax in one kernel (and one backward) against PyTorch's ops
+// under autocast, for bf16 and fp16, on 77 and 300 rows (not multiples of a block's warps). Without
+// dropout the log-probabilities agree to a rounding of fc2's 16-bit output, and the gradients by
+// relative norm. With dropout the kernel draws its own mask; h > 0 there, so the mask is where h's
+// gradient is not zero. It must keep about half, and PyTorch's ops with that mask (times 2, exact in
+// the dtype) must give the same output and gradients: a backward that draws another mask than the
+// forward, or drops the scale, is off by the order of 1. The same seed draws the same mask (exact
+// resume), the next call another.
+TEST(GpuFusedLayers, MnistHeadInOneKernelMatchesPyTorchsLayers_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  auto w2_0 = torch::randn({10, 128}, kGpu) * 0.1, b2_0 = torch::randn({10}, kGpu) * 0.1;
+  struct Run {
+    torch::Tensor y;
+    std::vector<torch::Tensor> grads;  // h, w2, b2
+  };
+  for (int64_t n : {77, 300})  // 300: the backward's three chunks of rows, the last one short
+  for (Precision precision : {Precision::bf16_mixed, Precision::fp16_mixed}) {
+    const auto dtype = precision == Precision::bf16_mixed ? torch::kBFloat16 : torch::kHalf;
+    const auto grad_out = torch::randn({n, 10}, kGpu);
+    for (double p : {0.0, 0.5}) {
+      SCOPED_TRACE(std::to_string(n) + " rows, " + to_string(precision) + ", p = " + std::to_string(p));
+      // with dropout, h > 0: ReLU passes everything and h's gradient shows the mask
+      const auto h0 = (p > 0 ? torch::rand({n, 128}, kGpu) + 0.1 : torch::randn({n, 128}, kGpu) * 3).to(dtype);
+      torch::Tensor mask;  // PyTorch's side applies ours
+      auto run = [&](bool ours) {
+        auto h = h0.clone().requires_grad_(true);
+        auto w2 = w2_0.clone().requires_grad_(true), b2 = b2_0.clone().requires_grad_(true);
+        torch::Tensor y;
+        {
+          AutocastGuard autocast(kGpu, precision);
+          EXPECT_TRUE(mnist_head_runs_fused(h, w2, b2));
+          auto kept = torch::relu(h);
+          if (!ours && p > 0) kept = kept * mask * 2;
+          y = ours ? mnist_head(h, w2, b2, p) : torch::log_softmax(torch::linear(kept, w2, b2), 1);
+        }
+        y.backward(grad_out);
+        return Run{y.detach(), {h.grad(), w2.grad(), b2.grad()}};
+      };
+      torch::manual_seed(7);
+      Run ours = run(true);
+      torch::manual_seed(7);
+      Run again = run(true), next = run(true);
+      mask = (ours.grads[0] != 0).to(dtype);
+      Run reference = run(false);
+      if (p > 0) {
+        const double kept = mask.to(torch::kFloat).mean().item<double>();
+        std::cout << "  kept " << kept << " of h\n";
+        EXPECT_GT(kept, 0.46);
+        EXPECT_LT(kept, 0.54);
+        EXPECT_FALSE(test::tensors_equal(next.y, ours.y));  // the generator moved on
+      }
+      EXPECT_EQ(ours.y.scalar_type(), torch::kFloat);
+      EXPECT_TRUE(test::tensors_close(ours.y, reference.y, 2e-2, 2e-2));
+      const char* names[] = {"h", "fc2.weight", "fc2.bias"};
+      for (size_t i = 0; i < 3; ++i) {
+        SCOPED_TRACE(names[i]);
+        const double error = relative_error(ours.grads[i], reference.grads[i]);
+        std::cout << "  " << names[i] << ": relative error " << error << "\n";
+        EXPECT_LT(error, 2e-2);
+        EXPECT_EQ(ours.grads[i].scalar_type(), reference.grads[i].scalar_type());
+        EXPECT_TRUE(test::tensors_equal(ours.grads[i], again.grads[i]));  // same seed, same bits
+      }
+      EXPECT_TRUE(test::tensors_equal(ours.y, again.y));
+    }
+  }
+  // What the kernel does not take runs PyTorch's ops: no autocast, another width, CPU tensors.
+  const auto h = torch::randn({77, 128}, kGpu).to(torch::kBFloat16);
+  EXPECT_FALSE(mnist_head_runs_fused(h, w2_0, b2_0));  // no autocast
+  AutocastGuard autocast(kGpu, Precision::bf16_mixed);
+  EXPECT_FALSE(mnist_head_runs_fused(h.narrow(1, 0, 64).contiguous(), w2_0.narrow(1, 0, 64).contiguous(), b2_0));
+  EXPECT_FALSE(mnist_head_runs_fused(h.cpu(), w2_0.cpu(), b2_0.cpu()));
+  EXPECT_FALSE(mnist_head_runs_fused(h.to(torch::kHalf), w2_0, b2_0));  // not autocast's dtype
+}
+
 // The fast path's linear under autocast against torch::linear under autocast: the same output and
 // input gradient to the bit (the same cuBLAS calls); the weight and bias gradients in float32, equal
 // to the float sums of the same 16-bit values (autocast's path rounds them to the dtype first, so

@@ -8,6 +8,7 @@
 #if AMPLAB_WITH_CUDA
 #include "amplab/fast/cuda/layer_kernels.hpp"
 #include "amplab/fast/cuda/mnist_features_kernels.hpp"
+#include "amplab/fast/cuda/mnist_head_kernels.hpp"
 #endif
 
 namespace amplab {
@@ -80,6 +81,23 @@ struct LinearFloatGrads : torch::autograd::Function<LinearFloatGrads> {
     if (ctx->needs_input_grad(1)) grad_w = at::mm(g.t(), input, torch::kFloat);
     if (ctx->needs_input_grad(2)) grad_b = at::mm(at::ones({1, g.size(0)}, g.options()), g, torch::kFloat).view({-1});
     return {grad_x, grad_w, grad_b, torch::Tensor()};
+  }
+};
+
+// log_softmax(fc2(dropout(relu(h)))): h in the autocast dtype, fc2's parameters and their gradients
+// in float32, the dropout mask drawn in the kernel and drawn again in the backward.
+struct MnistHead : torch::autograd::Function<MnistHead> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w2,
+                               const torch::Tensor& b2, double p) {
+    cuda::MnistHead out = cuda::mnist_head_forward(h, w2, b2, p);
+    ctx->save_for_backward({out.log_probs, out.state, h, w2});
+    ctx->saved_data["p"] = p;
+    return out.log_probs;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto s = ctx->get_saved_variables();
+    cuda::MnistHeadGrads g = cuda::mnist_head_backward(grads[0], {s[0], s[1]}, s[2], s[3], ctx->saved_data["p"].toDouble());
+    return {g.h, g.w2, g.b2, torch::Tensor()};
   }
 };
 
@@ -159,6 +177,21 @@ torch::Tensor mnist_features(const torch::Tensor& x, const torch::Tensor& w1, co
   if (mnist_features_runs_fused(x, w1, b1, w2, b2)) return MnistFeatures::apply(x, w1, b1, w2, b2, compute_dtype(w1));
 #endif
   return bias_relu_max_pool2(torch::conv2d(conv3x3_bias_relu(x, w1, b1), w2), b2);
+}
+
+bool mnist_head_runs_fused(const torch::Tensor& h, const torch::Tensor& w2, const torch::Tensor& b2) {
+#if AMPLAB_WITH_CUDA
+  return h.is_cuda() && compute_dtype(w2) == h.scalar_type() && cuda::mnist_head_supported(h, w2, b2);
+#else
+  return false;
+#endif
+}
+
+torch::Tensor mnist_head(const torch::Tensor& h, const torch::Tensor& w2, const torch::Tensor& b2, double p) {
+#if AMPLAB_WITH_CUDA
+  if (mnist_head_runs_fused(h, w2, b2)) return MnistHead::apply(h, w2, b2, p);
+#endif
+  return torch::log_softmax(linear(torch::dropout(torch::relu(h), p, /*train=*/p > 0), w2, b2), /*dim=*/1);
 }
 
 bool bias_relu_max_pool2_runs_fused(const torch::Tensor& x, const torch::Tensor& bias) { return pool_call(x, bias).fused; }

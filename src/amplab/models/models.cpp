@@ -20,15 +20,11 @@ torch::Tensor MnistNetImpl::forward(torch::Tensor x) {
   x = torch::relu(conv1(x));                    // (N, 32, 26, 26)
   x = torch::relu(conv2(x));                    // (N, 64, 24, 24)
   x = torch::max_pool2d(x, /*kernel_size=*/2);  // (N, 64, 12, 12)
-  return classify(x);
-}
-
-torch::Tensor MnistNetImpl::classify(torch::Tensor x) {
   x = dropout1(x);
   x = torch::flatten(x, 1);  // (N, 9216)
-  x = torch::relu(linear(fc1, x));
+  x = torch::relu(fc1(x));
   x = dropout2(x);
-  x = linear(fc2, x);  // (N, 10)
+  x = fc2(x);  // (N, 10)
   return torch::log_softmax(x, /*dim=*/1);
 }
 

@@ -16,11 +16,6 @@ struct MnistNetImpl : torch::nn::Module {
   // Virtual so that a network with the same parameters may compute it another way (the fast
   // path's FusedMnistNet); this one is main.py's Net.forward.
   virtual torch::Tensor forward(torch::Tensor x);
-  // The layers after pooling, from the pooled features (N, 64, 12, 12): dropout, fc1 + ReLU,
-  // dropout, fc2, log-softmax.
-  torch::Tensor classify(torch::Tensor x);
-  // fc1 or fc2 applied to x, as classify() applies them; virtual for the same reason as forward.
-  virtual torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) { return layer(x); }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};         // 1 -> 32 -> 64 channels, 3x3
   torch::nn::Dropout dropout1{nullptr}, dropout2{nullptr};  // p = 0.25 after pooling, 0.5 after fc1
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};             // 9216 -> 128 -> 10

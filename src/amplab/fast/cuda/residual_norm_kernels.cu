@@ -1,18 +1,16 @@
 #include "amplab/fast/cuda/residual_norm_kernels.hpp"
 
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <ATen/cuda/PhiloxCudaState.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <curand_philox4x32_x.h>
 
 #include <algorithm>
-#include <mutex>
 #include <type_traits>
+
+#include "amplab/fast/cuda/philox_dropout.cuh"
 
 namespace amplab::cuda {
 
@@ -36,23 +34,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Which of the four elements 4 * quad .. + 3 (counted over the whole tensor) dropout keeps. One
-// Philox call, counter (offset / 4, quad) under key seed: what curand_init(seed, quad, offset) and
-// curand_uniform4 would draw, so the offsets the generator hands out (4 per quad) stay disjoint
-// from other kernels'. An element is kept when its uniform in (0, 1] is below keep.
-__device__ __forceinline__ void keep4(uint64_t seed, uint64_t offset, uint64_t quad, float keep, bool kept[4]) {
-  const uint64_t block = offset / 4;
-  const uint4 counter = make_uint4(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                                   static_cast<uint32_t>(quad), static_cast<uint32_t>(quad >> 32));
-  const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint4 r = curand_Philox4x32_10(counter, key);
-  constexpr float k2pow32inv = 2.3283064365386963e-10f;
-  kept[0] = r.x * k2pow32inv + k2pow32inv / 2 < keep;
-  kept[1] = r.y * k2pow32inv + k2pow32inv / 2 < keep;
-  kept[2] = r.z * k2pow32inv + k2pow32inv / 2 < keep;
-  kept[3] = r.w * k2pow32inv + k2pow32inv / 2 < keep;
-}
-
 // sum = x + dropout(branch); normed = layer_norm(sum) * weight. Row `row` is warp `row % kWarps`
 // of block `row / kWarps`; block 0 also writes the Philox seed and offset for the backward.
 template <int kQuads, class scalar_t>
@@ -67,11 +48,7 @@ __global__ void __launch_bounds__(kWarps* kLanes)
   const bool dropout = keep < 1.f;
   uint64_t seed = 0, offset = 0;
   if (dropout) {
-    // at::cuda::philox::unpack's reading, written out (it needs nvcc's --expt-relaxed-constexpr):
-    // under graph capture the seed and offset are read at replay from the generator's tensors
-    seed = philox.captured_ ? static_cast<uint64_t>(*philox.seed_.ptr) : philox.seed_.val;
-    offset = philox.captured_ ? static_cast<uint64_t>(*philox.offset_.ptr) + philox.offset_intragraph_
-                              : philox.offset_.val;
+    philox_seed_offset(philox, seed, offset);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       philox_out[0] = static_cast<int64_t>(seed);
       philox_out[1] = static_cast<int64_t>(offset);
@@ -277,12 +254,7 @@ ResidualNormSaved dropout_add_layer_norm_forward(const at::Tensor& x, const at::
   ResidualNormSaved s{at::empty_like(branch, floats), at::empty_like(branch), at::empty({rows}, floats),
                       at::empty({rows}, floats), at::empty({2}, branch.options().dtype(at::kLong))};
   at::PhiloxCudaState philox;
-  if (p > 0) {
-    auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
-        std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(branch.device().index()));
-    std::lock_guard<std::mutex> lock(gen->mutex_);
-    philox = gen->philox_cuda_state(4);  // one Philox call (4 numbers) per 4 elements
-  }
+  if (p > 0) philox = philox_state_for_dropout(branch.device());
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_scalar_type(branch.scalar_type(), [&](auto type) {
