@@ -527,6 +527,49 @@ TEST(GpuFusedLayers, MnistFeaturesInOneKernelMatchPyTorchsLayers_CUDA) {
         EXPECT_TRUE(test::tensors_equal(ours.grads[i], again.grads[i]));
       }
     }
+  // With dropout after the pool (p = 0.25). conv2's bias is raised so that every pooled value is
+  // positive: an output is then zero exactly where the kernel's mask dropped it. PyTorch's layers
+  // times that mask and 1 / 0.75 must give the same output and gradients; a backward that ignores
+  // the mask, or its scale, is off by the order of 1. The same seed draws the same mask.
+  for (Precision precision : {Precision::bf16_mixed, Precision::fp16_mixed}) {
+    SCOPED_TRACE(to_string(precision) + ", dropout 0.25");
+    const auto b2_up = b2_0 + 4;
+    torch::Tensor mask;
+    auto run = [&](bool ours) {
+      std::vector<torch::Tensor> p = {w1_0.clone(), b1_0.clone(), w2_0.clone(), b2_up.clone()};
+      for (auto& t : p) t = t.detach().requires_grad_(true);
+      torch::Tensor y;
+      {
+        AutocastGuard autocast(kGpu, precision);
+        y = ours ? mnist_features(x, p[0], p[1], p[2], p[3], 0.25)
+                 : torch::max_pool2d(torch::relu(torch::conv2d(torch::relu(torch::conv2d(x, p[0], p[1])), p[2], p[3])), 2) *
+                       mask * (1 / 0.75);
+      }
+      y.backward(grad_y.to(y.scalar_type()));
+      Run r{y.detach(), {}};
+      for (auto& t : p) r.grads.push_back(t.grad());
+      return r;
+    };
+    torch::manual_seed(3);
+    Run ours = run(true);
+    torch::manual_seed(3);
+    Run again = run(true), next = run(true);
+    mask = (ours.y != 0).to(ours.y.scalar_type());
+    const double kept = mask.to(torch::kFloat).mean().item<double>();
+    std::cout << "  kept " << kept << "\n";
+    EXPECT_GT(kept, 0.74);
+    EXPECT_LT(kept, 0.76);
+    Run reference = run(false);
+    EXPECT_TRUE(test::tensors_close(ours.y, reference.y, 1e-2, 1e-2));
+    EXPECT_TRUE(test::tensors_equal(ours.y, again.y));
+    EXPECT_FALSE(test::tensors_equal(ours.y, next.y));  // the generator moved on
+    for (size_t i = 0; i < 4; ++i) {
+      const double error = relative_error(ours.grads[i], reference.grads[i]);
+      std::cout << "  dropout, parameter " << i << ": relative error " << error << "\n";
+      EXPECT_LT(error, 2e-2) << "parameter " << i;
+      EXPECT_TRUE(test::tensors_equal(ours.grads[i], again.grads[i]));
+    }
+  }
   // What the kernel does not take runs the layers one by one: fp32, images that need a gradient,
   // another image size, CPU tensors.
   EXPECT_FALSE(mnist_features_runs_fused(x, w1_0, b1_0, w2_0, b2_0));  // no autocast: fp32

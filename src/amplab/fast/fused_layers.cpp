@@ -41,22 +41,24 @@ struct Conv3x3BiasRelu : torch::autograd::Function<Conv3x3BiasRelu> {
   }
 };
 
-// Both convolutions and the pool; the parameters come in float32 and their gradients go out in
-// float32 (the kernels round them as autocast's casts would), x needs no gradient.
+// Both convolutions, the pool and the dropout after it; the parameters come in float32 and their
+// gradients go out in float32 (the kernels round them as autocast's casts would), x needs no gradient.
 struct MnistFeatures : torch::autograd::Function<MnistFeatures> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
                                const torch::Tensor& b1, const torch::Tensor& w2, const torch::Tensor& b2,
-                               torch::ScalarType dtype) {
-    cuda::MnistFeatures out = cuda::mnist_features_forward(x, w1, b1, w2, b2, dtype);
+                               torch::ScalarType dtype, double p) {
+    cuda::MnistFeatures out = cuda::mnist_features_forward(x, w1, b1, w2, b2, dtype, p);
     ctx->save_for_backward({out.route, x, w1, b1, w2, b2});
     ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    ctx->saved_data["p"] = p;
     return out.y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto s = ctx->get_saved_variables();
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
-    cuda::MnistFeatureGrads g = cuda::mnist_features_backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], dtype);
-    return {torch::Tensor(), g.w1, g.b1, g.w2, g.b2, torch::Tensor()};
+    cuda::MnistFeatureGrads g = cuda::mnist_features_backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], dtype,
+                                                              ctx->saved_data["p"].toDouble());
+    return {torch::Tensor(), g.w1, g.b1, g.w2, g.b2, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -172,11 +174,11 @@ bool mnist_features_runs_fused(const torch::Tensor& x, const torch::Tensor& w1, 
 }
 
 torch::Tensor mnist_features(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
-                             const torch::Tensor& w2, const torch::Tensor& b2) {
+                             const torch::Tensor& w2, const torch::Tensor& b2, double p) {
 #if AMPLAB_WITH_CUDA
-  if (mnist_features_runs_fused(x, w1, b1, w2, b2)) return MnistFeatures::apply(x, w1, b1, w2, b2, compute_dtype(w1));
+  if (mnist_features_runs_fused(x, w1, b1, w2, b2)) return MnistFeatures::apply(x, w1, b1, w2, b2, compute_dtype(w1), p);
 #endif
-  return bias_relu_max_pool2(torch::conv2d(conv3x3_bias_relu(x, w1, b1), w2), b2);
+  return torch::dropout(bias_relu_max_pool2(torch::conv2d(conv3x3_bias_relu(x, w1, b1), w2), b2), p, /*train=*/p > 0);
 }
 
 bool mnist_head_runs_fused(const torch::Tensor& h, const torch::Tensor& w2, const torch::Tensor& b2) {

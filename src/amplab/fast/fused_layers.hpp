@@ -1,8 +1,10 @@
 // Layers of the MNIST network that run as kernels of ours on a GPU (src/amplab/fast/cuda/), and as
 // PyTorch's ops everywhere else:
-//   mnist_features(x, w1, b1, w2, b2) == max_pool2d(relu(conv2d(relu(conv2d(x, w1, b1)), w2, b2)), 2)
-//       both convolutions and the pool in one kernel (and one backward), under bf16 or fp16 autocast
-//       (mnist_features_kernels.hpp); otherwise the two calls below, then PyTorch's ops
+//   mnist_features(x, w1, b1, w2, b2, p)
+//       == dropout(max_pool2d(relu(conv2d(relu(conv2d(x, w1, b1)), w2, b2)), 2), p), dropout with
+//       probability p (0: none), both convolutions, the pool and the dropout in one kernel (and one
+//       backward) under bf16 or fp16 autocast (mnist_features_kernels.hpp; the mask drawn in the
+//       kernel: PyTorch's distribution, not its mask); otherwise the two calls below, then PyTorch's ops
 //   linear(x, w, b)             == torch::linear(x, w, b) under bf16 or fp16 autocast, whose
 //       float32 weight and bias get their gradients in float32 straight from cuBLAS (the weight's
 //       as a matrix product with a float32 output, the bias's as ones^T g), without the casts and
@@ -23,7 +25,7 @@
 namespace amplab {
 
 torch::Tensor mnist_features(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
-                             const torch::Tensor& w2, const torch::Tensor& b2);
+                             const torch::Tensor& w2, const torch::Tensor& b2, double p = 0);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 torch::Tensor mnist_head(const torch::Tensor& h, const torch::Tensor& w2, const torch::Tensor& b2, double p);
 torch::Tensor conv3x3_bias_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);

@@ -6,10 +6,11 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "amplab/fast/cuda/bias_relu.cuh"
-
 #include <cstdint>
 #include <type_traits>
+
+#include "amplab/fast/cuda/bias_relu.cuh"
+#include "amplab/fast/cuda/philox_dropout.cuh"
 
 namespace amplab::cuda {
 
@@ -23,6 +24,7 @@ constexpr int kConv2 = 24;                            // conv2's
 constexpr int kPooled = 12;                           // the pool's
 constexpr int kC1 = 32, kC2 = 64;                     // the two layers' channels
 constexpr int kPooledSize = kC2 * kPooled * kPooled;  // 9216 outputs an image
+constexpr int kQuarter = kPooledSize / 4;             // dropout: one Philox call per 4 outputs
 constexpr int kThreads = 512, kWarps = kThreads / 32;
 
 // conv2's output positions are numbered in rows of conv1's width, p = y * 26 + x (x = 24 and 25 are
@@ -264,35 +266,55 @@ __device__ void conv2_forward(const Smem<scalar_t>& s) {
   }
 }
 
-// Bias + ReLU + 2x2 max-pool of conv2's output, y in NCHW order. PyTorch scans a window's rows then
-// columns and moves on when a value is greater or NaN; route keeps the one it took.
+// The dropout after the pool: probability keep of keeping an output, and where its Philox draws start.
+struct PoolDropout {
+  bool on = false;
+  float keep = 1.f, scale = 1.f;
+  uint64_t seed = 0, offset = 0;
+};
+
+// Bias + ReLU + 2x2 max-pool of conv2's output, y in NCHW order, then dropout. PyTorch scans a
+// window's rows then columns and moves on when a value is greater or NaN; route keeps the one it took,
+// whether the ReLU let it through (bit 2) and whether dropout kept it (bit 3). Thread j takes outputs
+// j, j + kQuarter, j + 2 kQuarter, j + 3 kQuarter, whose dropout draws are the four numbers of one
+// Philox call (counter: image * kQuarter + j), so a call serves four outputs and a warp's loads and
+// stores stay consecutive.
 template <class scalar_t>
-__device__ void pool_forward(const Smem<scalar_t>& s, scalar_t* __restrict__ y, uint8_t* __restrict__ route) {
-  for (int i = threadIdx.x; i < kPooledSize; i += kThreads) {
-    const int co = i / (kPooled * kPooled), py = (i / kPooled) % kPooled, px = i % kPooled;
-    const scalar_t* window = s.big + (2 * py * kConv1 + 2 * px) * kC2Stride + co;
-    const scalar_t b = static_cast<scalar_t>(s.b2[co]);
-    float best_value = -INFINITY;
-    scalar_t best = static_cast<scalar_t>(0.f);
-    int arg = 0;
+__device__ void pool_forward(const Smem<scalar_t>& s, scalar_t* __restrict__ y, uint8_t* __restrict__ route,
+                             const PoolDropout& dropout, uint64_t image) {
+  for (int j = threadIdx.x; j < kQuarter; j += kThreads) {
+    bool kept[4] = {true, true, true, true};
+    if (dropout.on) keep4(dropout.seed, dropout.offset, image * kQuarter + j, dropout.keep, kept);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const scalar_t v = add_relu(window[((k / 2) * kConv1 + k % 2) * kC2Stride], b);
-      const float f = static_cast<float>(v);
-      if (f > best_value || at::_isnan(f)) {
-        best_value = f;
-        best = v;
-        arg = k;
+    for (int e = 0; e < 4; ++e) {
+      const int i = j + e * kQuarter;
+      const int co = i / (kPooled * kPooled), py = (i / kPooled) % kPooled, px = i % kPooled;
+      const scalar_t* window = s.big + (2 * py * kConv1 + 2 * px) * kC2Stride + co;
+      const scalar_t b = static_cast<scalar_t>(s.b2[co]);
+      float best_value = -INFINITY;
+      scalar_t best = static_cast<scalar_t>(0.f);
+      int arg = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const scalar_t v = add_relu(window[((k / 2) * kConv1 + k % 2) * kC2Stride], b);
+        const float f = static_cast<float>(v);
+        if (f > best_value || at::_isnan(f)) {
+          best_value = f;
+          best = v;
+          arg = k;
+        }
       }
+      // dropout as PyTorch's: the value times the mask times 1 / keep, in float, then rounded
+      y[i] = dropout.on ? static_cast<scalar_t>(best_value * (kept[e] ? 1.f : 0.f) * dropout.scale) : best;
+      route[i] = static_cast<uint8_t>(arg | (passes(best) ? 4 : 0) | (kept[e] ? 8 : 0));
     }
-    y[i] = best;
-    route[i] = static_cast<uint8_t>(arg | (passes(best) ? 4 : 0));
   }
 }
 
 template <class scalar_t, class input_t>
 __global__ void __launch_bounds__(kThreads, 1)
-    features_forward_kernel(Args<input_t> a, scalar_t* __restrict__ y, uint8_t* __restrict__ route) {
+    features_forward_kernel(Args<input_t> a, scalar_t* __restrict__ y, uint8_t* __restrict__ route, float keep,
+                            at::PhiloxCudaState philox) {
   extern __shared__ __align__(16) unsigned char shared[];
   Smem<scalar_t> s(shared, kC2Bytes);
   const int n = blockIdx.x;
@@ -301,18 +323,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   conv2_forward(s);
   __syncthreads();
-  pool_forward(s, y + int64_t{n} * kPooledSize, route + int64_t{n} * kPooledSize);
+  PoolDropout dropout;
+  if (keep < 1.f) {
+    dropout.on = true, dropout.keep = keep, dropout.scale = 1.f / keep;
+    philox_seed_offset(philox, dropout.seed, dropout.offset);
+  }
+  pool_forward(s, y + int64_t{n} * kPooledSize, route + int64_t{n} * kPooledSize, dropout, n);
 }
 
 // ---- backward --------------------------------------------------------------------------------------
 
-// The pooled gradient back through the pool and conv2's ReLU: g2[54 + p][co] (zeros wherever the pool
-// did not take p, or the ReLU stopped it); conv2's bias gradient is the sum of what got through. A
+// The pooled gradient back through dropout, the pool and conv2's ReLU: g2[54 + p][co] (zeros wherever
+// the pool did not take p, or the ReLU or dropout stopped it; what dropout kept times its scale,
+// rounded as PyTorch's dropout backward rounds it); conv2's bias gradient is the sum of what got through. A
 // thread takes 8 consecutive pooled values (one channel's), loads first: gradients and routes as one
 // 16-byte and one 8-byte load.
 template <class scalar_t>
 __device__ void route_gradient(const scalar_t* __restrict__ grad_y, const uint8_t* __restrict__ route,
-                               const Smem<scalar_t>& s, float* __restrict__ sums) {
+                               float dropout_scale, const Smem<scalar_t>& s, float* __restrict__ sums) {
   constexpr int kPerThread = (kVectors + kThreads - 1) / kThreads;
   uint4 g8[kPerThread];
   uint2 r8[kPerThread];
@@ -333,11 +361,12 @@ __device__ void route_gradient(const scalar_t* __restrict__ grad_y, const uint8_
     float sum = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      if (!(r[e] & 4)) continue;
+      if ((r[e] & 12) != 12) continue;  // the ReLU or dropout stopped it
       const int i = v * 8 + e, co = i / (kPooled * kPooled), py = (i / kPooled) % kPooled, px = i % kPooled, k = r[e] & 3;
       const int p = (2 * py + k / 2) * kConv1 + 2 * px + k % 2;
-      s.big[(kMaxShift + p) * kG2Stride + co] = g[e];
-      sum += static_cast<float>(g[e]);
+      const scalar_t through = static_cast<scalar_t>(static_cast<float>(g[e]) * dropout_scale);
+      s.big[(kMaxShift + p) * kG2Stride + co] = through;
+      sum += static_cast<float>(through);
     }
     s.vector_sums[v] = sum;
   }
@@ -451,7 +480,7 @@ __device__ void conv1_weight_gradient(const Smem<scalar_t>& s, float* __restrict
 template <class scalar_t, class input_t>
 __global__ void __launch_bounds__(kThreads, 1)
     features_backward_kernel(Args<input_t> a, const scalar_t* __restrict__ grad_y, const uint8_t* __restrict__ route,
-                             float* __restrict__ partial) {
+                             float dropout_scale, float* __restrict__ partial) {
   extern __shared__ __align__(16) unsigned char shared[];
   Smem<scalar_t> s(shared, kG2Bytes);
   const int n = blockIdx.x;
@@ -461,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_conv2_weight(a, s.w2);
   conv1_into_shared(a, n, s);  // conv1 again, from the image: cheaper than keeping it
   __syncthreads();
-  route_gradient(grad_y + int64_t{n} * kPooledSize, route + int64_t{n} * kPooledSize, s, sums);
+  route_gradient(grad_y + int64_t{n} * kPooledSize, route + int64_t{n} * kPooledSize, dropout_scale, s, sums);
   __syncthreads();
   conv2_weight_gradient(s, sums);
   __syncthreads();  // a1 is read across all its rows above, and overwritten below
@@ -552,19 +581,23 @@ bool mnist_features_supported(const at::Tensor& x, const at::Tensor& w1, const a
 }
 
 MnistFeatures mnist_features_forward(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                                     const at::Tensor& w2, const at::Tensor& b2, at::ScalarType dtype) {
+                                     const at::Tensor& w2, const at::Tensor& b2, at::ScalarType dtype, double p) {
   TORCH_CHECK(mnist_features_supported(x, w1, b1, w2, b2, dtype), "amplab mnist_features: unsupported input");
+  TORCH_CHECK(p >= 0 && p < 1, "amplab mnist_features: dropout's p must be in [0, 1), got ", p);
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0);
   MnistFeatures out{at::empty({n, kC2, kPooled, kPooled}, x.options().dtype(dtype)),
                     at::empty({n, kC2, kPooled, kPooled}, x.options().dtype(at::kByte))};
+  at::PhiloxCudaState philox;
+  if (p > 0) philox = philox_state_for_dropout(x.device());
   dispatch(dtype, x.scalar_type(), [&](auto scalar, auto input) {
     using scalar_t = decltype(scalar);
     using input_t = decltype(input);
     auto kernel = features_forward_kernel<scalar_t, input_t>;
     allow_shared_memory(kernel, kForwardBytes);
     kernel<<<n, kThreads, kForwardBytes, at::cuda::getCurrentCUDAStream()>>>(
-        args_of<input_t>(x, w1, b1, w2, b2), out.y.mutable_data_ptr<scalar_t>(), out.route.mutable_data_ptr<uint8_t>());
+        args_of<input_t>(x, w1, b1, w2, b2), out.y.mutable_data_ptr<scalar_t>(), out.route.mutable_data_ptr<uint8_t>(),
+        static_cast<float>(1.0 - p), philox);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -572,7 +605,7 @@ MnistFeatures mnist_features_forward(const at::Tensor& x, const at::Tensor& w1, 
 
 MnistFeatureGrads mnist_features_backward(const at::Tensor& grad_y_any, const at::Tensor& route, const at::Tensor& x,
                                           const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                                          const at::Tensor& b2, at::ScalarType dtype) {
+                                          const at::Tensor& b2, at::ScalarType dtype, double p) {
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0);
   TORCH_CHECK(grad_y_any.sizes() == route.sizes() && grad_y_any.scalar_type() == dtype && route.is_contiguous(),
@@ -591,7 +624,8 @@ MnistFeatureGrads mnist_features_backward(const at::Tensor& grad_y_any, const at
     allow_shared_memory(kernel, kBackwardBytes);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     kernel<<<n, kThreads, kBackwardBytes, stream>>>(args_of<input_t>(x, w1, b1, w2, b2), grad_y.const_data_ptr<scalar_t>(),
-                                                    route.const_data_ptr<uint8_t>(), partial.mutable_data_ptr<float>());
+                                                    route.const_data_ptr<uint8_t>(), 1.f / static_cast<float>(1.0 - p),
+                                                    partial.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     sum_over_images_kernel<scalar_t><<<(kPartial + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
         partial.const_data_ptr<float>(), static_cast<int>(n), out);
