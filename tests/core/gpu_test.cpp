@@ -14,6 +14,8 @@
 
 #include "amplab/fast/cuda/fp8_cast_kernels.hpp"
 #include "amplab/fast/cuda/fused_adamw_launch.hpp"
+#include "amplab/fast/cuda/mnist_features_kernels.hpp"
+#include "amplab/fast/cuda/mnist_head_kernels.hpp"
 #include "amplab/fast/cuda/residual_norm_kernels.hpp"
 #include "amplab/fast/fused_layers.hpp"
 #include "amplab/models/models.hpp"
@@ -850,6 +852,56 @@ TEST(GpuFusedResidualNorm, EachGraphReplayDrawsAMaskItsBackwardFollows_CUDA) {
     EXPECT_TRUE(torch::equal(grads.branch != 0, masks.back())) << "replay " << replay;
   }
   EXPECT_FALSE(torch::equal(masks[0], masks[1])) << "two replays drew the same mask";
+}
+
+// The MNIST network's two dropouts inside our kernels, captured in a CUDA graph (the fast path's
+// step): every replay draws new masks, and that replay's backward follows them. The features
+// kernel's mask is bit 3 of its route (conv2's bias raised: an output is zero exactly where it was
+// dropped); the head's is where h's gradient is zero (h > 0), and its log-probabilities must be
+// those of PyTorch's ops with that mask.
+TEST(GpuFusedLayers, EachGraphReplayDrawsTheMnistDropoutsAgain_CUDA) {
+  AMPLAB_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  const auto x = torch::rand({8, 1, 28, 28}, kGpu);
+  const auto w1 = torch::randn({32, 1, 3, 3}, kGpu) * 0.3, b1 = torch::randn({32}, kGpu) * 0.1;
+  const auto w2 = torch::randn({64, 32, 3, 3}, kGpu) * 0.06, b2 = torch::randn({64}, kGpu) * 0.1 + 4;
+  const auto grad_y = torch::randn({8, 64, 12, 12}, kGpu).to(torch::kBFloat16);
+  const auto h = (torch::rand({32, 128}, kGpu) + 0.1).to(torch::kBFloat16);
+  const auto fc2_w = torch::randn({10, 128}, kGpu) * 0.1, fc2_b = torch::randn({10}, kGpu) * 0.1;
+  const auto grad_log_probs = torch::randn({32, 10}, kGpu);
+  ASSERT_TRUE(cuda::mnist_features_supported(x, w1, b1, w2, b2, torch::kBFloat16));
+  ASSERT_TRUE(cuda::mnist_head_supported(h, fc2_w, fc2_b));
+  at::cuda::CUDAGraph graph;
+  cuda::MnistFeatures features;
+  cuda::MnistFeatureGrads feature_grads;
+  cuda::MnistHead head;
+  cuda::MnistHeadGrads head_grads;
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    graph.capture_begin();
+    features = cuda::mnist_features_forward(x, w1, b1, w2, b2, torch::kBFloat16, 0.25);
+    feature_grads = cuda::mnist_features_backward(grad_y, features.route, x, w1, b1, w2, b2, torch::kBFloat16, 0.25);
+    head = cuda::mnist_head_forward(h, fc2_w, fc2_b, 0.5);
+    head_grads = cuda::mnist_head_backward(grad_log_probs, head, h, fc2_w, 0.5);
+    graph.capture_end();
+  }
+  std::vector<torch::Tensor> feature_masks, head_masks;
+  for (int replay = 0; replay < 2; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    graph.replay();
+    torch::cuda::synchronize();
+    feature_masks.push_back(features.route.bitwise_and(8) != 0);
+    EXPECT_TRUE(torch::equal(features.y != 0, feature_masks.back()));
+    head_masks.push_back(head_grads.h != 0);
+    const auto kept = (torch::relu(h) * head_masks.back() * 2).to(torch::kFloat);
+    const auto logits = (kept.matmul(fc2_w.to(torch::kBFloat16).to(torch::kFloat).t()) +
+                         fc2_b.to(torch::kBFloat16).to(torch::kFloat))
+                            .to(torch::kBFloat16)
+                            .to(torch::kFloat);
+    EXPECT_TRUE(test::tensors_close(head.log_probs, torch::log_softmax(logits, 1), 2e-2, 2e-2));
+  }
+  EXPECT_FALSE(torch::equal(feature_masks[0], feature_masks[1])) << "two replays drew the same mask";
+  EXPECT_FALSE(torch::equal(head_masks[0], head_masks[1])) << "two replays drew the same mask";
 }
 
 // An fp8 tensor's bytes, to compare bit for bit.
