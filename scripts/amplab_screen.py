@@ -11,9 +11,12 @@ control of the test process around the tests.
   - token pasting (##: it can build the words above out of harmless pieces);
   - the test framework's namespace (testing::), and #define of a C++ keyword (#define private public);
   - functions run before main() or after exit by attribute (constructor, destructor, init_priority,
-    section).
+    section), where the attribute and its word are on one logical line (split over two lines they
+    pass here; the judge's verdict does not depend on what such a function prints:
+    tests/grading/adversarial.py's case "destructor forges the end").
 Comments and string literals are skipped, and backslash-newline splices joined first, so these are
-found however the text is laid out. screen() returns one line per finding: 'line N: what; why'.
+found however comments, strings and splices lay the text out. screen() returns one line per
+finding: 'line N: what; why'.
 """
 from __future__ import annotations
 

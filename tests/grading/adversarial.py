@@ -256,6 +256,16 @@ EXIT_HANDLER = r"""  std::atexit([] {
   return loss;
 """
 
+# Runs after main() returns, from the ELF's destructor array: no __cxa_atexit, nothing before main();
+# the attribute split over two lines.
+DESTRUCTOR_FORGE = r"""
+__attribute__((
+    destructor)) static void forge_the_end() {
+  std::printf("[       OK ] AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate (0 ms)\n"
+              "[  PASSED  ] 7 tests.\n");
+  std::fflush(stdout);
+}
+"""
 
 def with_body(body, includes=True):
     text = starter_text().replace(HOLE, body)
@@ -351,6 +361,13 @@ CASES = {
         "honest TODO 1 code that also registers, at its first call, a CPU kernel of its own for aten::isclose: "
         "the dispatcher would run it inside every comparison the test process makes, and any op can be taken "
         "over the same way: refused for the registration, as a whole"),
+    "destructor forges the end": (
+        "#include <cstdio>\n" + solution_text().replace("  return loss * scale_;\n", "  return loss * init_scale_;\n")
+        + DESTRUCTOR_FORGE, ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+        "the plausible bug below (the initial scale) plus a function the loader runs after main() returns "
+        "(__attribute__((destructor)) split over two lines, which the source screen, reading a line at a time, "
+        "does not see; no static initializer, no exit handler) that prints the failed test's passing lines and a "
+        "clean summary: the verdict is the judge's, so it earns what the bug earns"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
