@@ -1,4 +1,4 @@
-"""Rubrics and GoogleTest runs, shared by scripts/grade and scripts/check-rubric.py.
+"""Rubrics, shared by scripts/grade and scripts/check-rubric.py.
 
 A rubric (labs/<lab>/rubric.yaml, or any *.yaml in a directory of extra tests) maps each graded
 test to the TODO whose points it carries:
@@ -19,26 +19,22 @@ test to the TODO whose points it carries:
         todo: mnist-1
         points: 2
         gpus: 1                 # needs a GPU: reported as "needs GPU", never scored, where there is none
-      - test: Kernels7_ReduceSpeed.AgainstTheReference_CUDA
+      - test: Kernels7_WarpShuffle.Speed_CUDA
         todo: cuda_kernels-7
         points: 3
         gpus: 1
-        partial: true           # passing scores points x the test's RecordProperty("points_fraction", 0..1)
+        speed: {full_within: 1.2}   # a pass scores points x a share of them for the time the grader measures
 
 Keys of a test (and of `defaults`, except test/todo/also_needs): see FIELDS below.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 
 # Gradescope's visibilities (results.json): shown at once, never, after the due date, after grades are published.
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
@@ -57,8 +53,13 @@ FIELDS = {
     "env": "environment variables for the test's process, e.g. {CUDA_VISIBLE_DEVICES: ''}",
     "tags": "Gradescope tags (the lab and the TODO are always added)",
     "description": "a line for people (shown in the report)",
-    "partial": "true: a pass scores points x the points_fraction (0..1) the test records with "
-               "RecordProperty (performance tests); none recorded scores 0 (default false)",
+    "speed": "a speed test, timed by the grader from outside the student's process (the test makes "
+             "support.hpp's make_speed_calls_for_the_grader): {full_within: R} scores all the points up to R "
+             "times the reference's time and in proportion to the speed beyond (R / ratio); with none_at: N, "
+             "in proportion to the time instead, down to none at N times the reference's",
+    "partial": "true, for a test judged inside only: a pass scores points x the points_fraction (0..1) the "
+               "test records with RecordProperty in the student's own process, the student's word (a "
+               "speed test the grader cannot time from outside); none recorded scores 0 (default false)",
     "allow": "what the test's process may do beyond lab code, under the grader's seccomp filter: a list of "
              "'sockets' (a rendezvous on the loopback), 'processes' (it starts the lab binary or ranks) (default [])",
     "judged": "where the verdict is decided: 'outside' (default: the judge, linked with the reference only, "
@@ -68,9 +69,7 @@ FIELDS = {
 }
 ALLOWED = ("sockets", "processes")
 DEFAULTS = {"time_limit_s": 60, "memory_mb": 8192, "gpus": 0, "visibility": "visible", "env": {}, "tags": [], "description": "",
-            "partial": False, "allow": [], "judged": "outside"}
-# The property a partial test records (gtest's RecordProperty, in its JSON report).
-POINTS_FRACTION = "points_fraction"
+            "speed": None, "partial": False, "allow": [], "judged": "outside"}
 TODO_MARK = re.compile(r"^\s*// TODO\(([a-z0-9_]+-\d+)\):")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -108,6 +107,7 @@ class RubricTest:
     env: dict = dataclasses.field(default_factory=dict)
     tags: list = dataclasses.field(default_factory=list)
     description: str = ""
+    speed: dict | None = None
     partial: bool = False
     allow: list = dataclasses.field(default_factory=list)
     judged: str = "outside"
@@ -144,6 +144,15 @@ def _check_value(where, key, value):
     elif key == "partial":
         if not isinstance(value, bool):
             raise RubricError(f"{where}: 'partial' must be true or false, not {value!r}")
+    elif key == "speed":
+        if value is None:
+            return
+        numbers = isinstance(value, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value.values())
+        if not numbers or "full_within" not in value or set(value) - {"full_within", "none_at"} or \
+                value["full_within"] < 1 or value.get("none_at", value["full_within"] + 1) <= value["full_within"]:
+            raise RubricError(f"{where}: 'speed' must be {{full_within: R}} or {{full_within: R, none_at: N}} with "
+                              f"1 <= R < N, not {value!r}")
     elif key == "allow":
         if not isinstance(value, list) or any(v not in ALLOWED for v in value):
             raise RubricError(f"{where}: 'allow' must be a list of {', '.join(ALLOWED)}, not {value!r}")
@@ -202,6 +211,13 @@ def load_rubric(path, lab=None):
                 raise RubricError(f"{where}: '{key}' is missing ({FIELDS[key]})")
         for key, value in values.items():
             _check_value(where, key, value)
+        if values["partial"] and values["judged"] != "inside":
+            raise RubricError(f"{where}: 'partial: true' takes the share the student's own process records: "
+                              "only for a test judged inside (judged: inside); a speed test the grader times "
+                              "from outside has 'speed:' instead")
+        if values["speed"] is not None and (values["partial"] or values["judged"] != "outside"):
+            raise RubricError(f"{where}: 'speed' is timed from outside and judged outside: not with 'partial' or "
+                              "'judged: inside'")
         for todo in [values["todo"]] + list(values.get("also_needs", [])):
             if not re.fullmatch(re.escape(file_lab) + r"-\d+", todo):
                 raise RubricError(f"{where}: TODO id '{todo}' is not of the form {file_lab}-<n>")
@@ -211,7 +227,7 @@ def load_rubric(path, lab=None):
                                 gpus=values["gpus"], visibility=values["visibility"],
                                 env={k: str(v) for k, v in values["env"].items()},
                                 tags=list(values["tags"]), description=values["description"],
-                                partial=values["partial"], allow=list(values["allow"]), judged=values["judged"],
+                                speed=values["speed"], partial=values["partial"], allow=list(values["allow"]), judged=values["judged"],
                                 source=str(path)))
     return tests
 
@@ -296,7 +312,7 @@ def problems(lab, tests, todos, listed):
     return out
 
 
-# ---- running GoogleTest -------------------------------------------------------------------------
+# ---- outcomes and scores -------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class Outcome:
@@ -304,7 +320,7 @@ class Outcome:
     seconds: float
     message: str = ""    # the first failure line, the skip reason, or what happened to the process
     details: str = ""    # every failure message, then the end of the output
-    fraction: float | None = None  # the points_fraction the test recorded (partial tests), clamped to 0..1
+    fraction: float | None = None  # the share of the points a speed or partial test earned, 0..1
 
 
 NOT_IMPLEMENTED = re.compile(r"TODO\(([a-z0-9_]+-\d+)\) is not implemented yet( \([^)]*\))?")
@@ -326,100 +342,26 @@ def first_line(failure_text):
     return (where + ": " if where else "") + text
 
 
-def parse_report(report_path, stdout=""):
-    """{Suite.Test: (status, message, failure texts, points_fraction or None)} from gtest's JSON report
-    (+ stdout for skip reasons)."""
-    with open(report_path) as f:
-        data = json.load(f)
-    skip_reasons = {}
-    pending = []
-    for line in stdout.splitlines():
-        if line.startswith("[ RUN      ] "):
-            pending = []
-        elif line.startswith("[  SKIPPED ] ") and "(" in line:
-            skip_reasons[line[13:].rsplit(" (", 1)[0]] = " ".join(l.strip() for l in pending if l.strip())
-        elif not line.startswith("["):
-            pending.append(line)
-    results = {}
-    for suite in data.get("testsuites", []):
-        for test in suite.get("testsuite", []):
-            name = f"{suite['name']}.{test['name']}"
-            failures = [f.get("failure", "") for f in test.get("failures", [])]
-            fraction = None
-            if POINTS_FRACTION in test:  # RecordProperty values are strings in the report
-                try:
-                    fraction = min(1.0, max(0.0, float(test[POINTS_FRACTION])))
-                except ValueError:
-                    fraction = 0.0
-            if test.get("status") == "NOTRUN":
-                results[name] = ("skipped", "disabled", [], None)
-            elif test.get("result") == "SKIPPED":
-                reason = skip_reasons.get(name, "").replace("Skipped", "").strip(" :")
-                reason = re.sub(r"^\S+:\d+: *", "", reason)
-                results[name] = ("skipped", reason or "skipped", [], None)
-            elif failures:
-                results[name] = ("failed", first_line(failures[0]), failures, fraction)
-            else:
-                results[name] = ("passed", "", [], fraction)
-    return results
-
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def run_gtest(binary, args, env, cwd, timeout_s, log_path=None):
-    """Runs a test binary in a process group of its own (a hang or a crash ends there, children
-    included: the DDP tests start a launcher and its workers). Returns (exit code or None on
-    timeout, seconds, output, report dict or None)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = os.path.join(tmp, "report.json")
-        out_path = log_path or os.path.join(tmp, "output.txt")
-        start = time.monotonic()
-        with open(out_path, "w") as out:
-            proc = subprocess.Popen([str(binary), f"--gtest_output=json:{report}"] + list(args), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                    start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                proc.wait()
-                code = None
-            _kill_group(proc)  # whatever it left running (workers of a launcher)
-        seconds = time.monotonic() - start
-        with open(out_path, errors="replace") as f:
-            output = f.read()
-        parsed = None
-        if os.path.exists(report):
-            try:
-                parsed = parse_report(report, output)
-            except (ValueError, KeyError):
-                parsed = None
-        return code, seconds, output, parsed
-
-
-def describe_exit(code):
-    if code is not None and code < 0:
-        try:
-            return f"crashed ({signal.Signals(-code).name})"
-        except ValueError:
-            return f"crashed (signal {-code})"
-    return f"exited with code {code} before reporting"
-
-
 def tail(text, limit=3000):
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
+def speed_share(rule, ratio):
+    """The share of a speed test's points (0..1) for `ratio`, the student's time over the reference's,
+    by its rubric's `speed` rule."""
+    full_within = rule["full_within"]
+    if ratio <= full_within:
+        return 1.0
+    if "none_at" in rule:
+        return max(0.0, (rule["none_at"] - ratio) / (rule["none_at"] - full_within))
+    return full_within / ratio
+
+
 def score(test, outcome):
-    """The points a test's outcome earns: all of them for a pass, or for a partial test (performance)
-    points x the fraction it recorded (0 when it recorded none); 0 otherwise."""
+    """The points a test's outcome earns: all of them for a pass, or for a speed or partial test
+    points x the share it earned (0 when there is none); 0 otherwise."""
     if outcome.status != "passed":
         return 0
-    if not test.partial:
+    if test.speed is None and not test.partial:
         return test.points
     return test.points * (outcome.fraction if outcome.fraction is not None else 0.0)

@@ -437,15 +437,9 @@ def judge(run: Run, token_value: str, test: str) -> Verdict:
                        failures, None)
     if not ends:
         return Verdict("crashed", f"the process {describe_exit(run.code)} during the test", failures, None)
-    status, _, fraction_text = ends[-1].partition(" ")
-    fraction = None
-    if fraction_text and fraction_text != "-":
-        try:
-            fraction = min(1.0, max(0.0, float(unescape(fraction_text))))
-        except ValueError:
-            fraction = 0.0
+    status = ends[-1].partition(" ")[0]  # the judge decides pass or fail; a speed share is timed by the grader
     if failures or status == "failed":
-        return Verdict("failed", "", failures or ["failed"], fraction)
+        return Verdict("failed", "", failures or ["failed"], None)
     if status == "skipped":
         skips = [unescape(rest.partition(" ")[2]) for kind, rest in events if kind == "part" and rest.startswith("skip ")]
         reason = skips[0].split("\n", 1)[-1].strip() if skips else "skipped"
@@ -454,7 +448,7 @@ def judge(run: Run, token_value: str, test: str) -> Verdict:
         return Verdict("failed", f"unknown status '{status[:40]}'", failures, None)
     if run.code != 0:
         return Verdict("crashed", f"passed, then the process {describe_exit(run.code)}", failures, None)
-    return Verdict("passed", "", [], fraction)
+    return Verdict("passed", "", [], None)
 
 
 # ---- the student's own report ---------------------------------------------------------------------
@@ -519,7 +513,7 @@ def student_verdict(run: Run, test: str):
     if run.code != 0:
         return Verdict("crashed", f"passed, then the process {describe_exit(run.code)}", failures, None), \
             properties, notes
-    fraction = None
+    fraction = None  # the share a test judged inside records of its own speed: the student's word (partial: true)
     if "points_fraction" in properties:
         try:
             fraction = min(1.0, max(0.0, float(properties["points_fraction"])))

@@ -138,6 +138,8 @@ class SpeedMlp {
   SpeedMlp(int64_t width, int64_t layers, int64_t batch, LinearKind kind, Fp8Scaling scaling, torch::Device device,
            Forward forward = {});
   void step();  // a training step's forward + backward: the gradients set to none first, as zero_grad leaves them
+  torch::Tensor input() const { return x_; }      // the batch each step computes on (fill it anew in place)
+  std::vector<torch::Tensor> gradients() const;  // each layer's weight gradient after step()
   // Trains `steps` Adam steps (learning rate `lr`) towards a fixed random target under mean
   // squared error, from the weights as they are; the last step's loss. The same seed gives every
   // kind the same weights, input and target, so the losses compare the precisions.

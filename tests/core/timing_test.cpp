@@ -56,6 +56,42 @@ TEST(Timing, SpeedTestsReadOnlyTheRunsOwnSummary) {
   EXPECT_TRUE(test::lab_run_summary(dir.file("runs")).contains("bench"));
 }
 
+// The calls a speed test makes when scripts/grade times it from outside (AMPLAB_SPEED_CALLS).
+struct SpeedCallCount {
+  int prepares = 0, calls = 0;
+  torch::Tensor x = torch::ones({1000});
+  test::SpeedCalls speed(int n) {
+    return {n, [this](int) { ++prepares; x.uniform_(); }, [this] {
+              ++calls;
+              return std::vector<torch::Tensor>{x * 2, x.sum()};
+            }};
+  }
+};
+
+TEST(Timing, SpeedTestsMakeTheGradersCallsOnlyWhenAsked) {
+  SpeedCallCount none;
+  unsetenv("AMPLAB_SPEED_CALLS");
+  EXPECT_FALSE(test::make_speed_calls_for_the_grader(none.speed(5)));  // a plain run times the code itself
+  EXPECT_EQ(none.calls, 0);
+
+  SpeedCallCount calls;
+  setenv("AMPLAB_SPEED_CALLS", "calls", 1);
+  EXPECT_TRUE(test::make_speed_calls_for_the_grader(calls.speed(5)));
+  EXPECT_EQ(calls.calls, 6);  // the warm-up and five, each on fresh inputs
+  EXPECT_EQ(calls.prepares, 6);
+
+  SpeedCallCount prepare;  // the grader's run of everything but the calls
+  setenv("AMPLAB_SPEED_CALLS", "prepare", 1);
+  EXPECT_TRUE(test::make_speed_calls_for_the_grader(prepare.speed(5)));
+  EXPECT_EQ(prepare.calls, 1);
+  EXPECT_EQ(prepare.prepares, 6);
+
+  setenv("AMPLAB_SPEED_CALLS", "fast", 1);
+  SpeedCallCount bad;
+  EXPECT_NONFATAL_FAILURE(test::make_speed_calls_for_the_grader(bad.speed(5)), "AMPLAB_SPEED_CALLS=fast");
+  unsetenv("AMPLAB_SPEED_CALLS");
+}
+
 TEST(GpuMonitor, OnACpuDeviceItIsUnavailableAndReadsNothing) {
   GpuMonitor monitor(torch::Device(torch::kCPU));
   EXPECT_FALSE(monitor.available());

@@ -10,7 +10,7 @@
 //   <token> main <number of tests the filter selected>
 //   <token> start <Suite.Test>
 //   <token> part <failure|skip|success> <file:line\nmessage, escaped>   (each assertion result)
-//   <token> end <passed|failed|skipped> <points_fraction or ->
+//   <token> end <passed|failed|skipped>
 // Failures are sent as they happen, before the test ends, so clearing a test's recorded result
 // afterwards does not hide them.
 #include <gtest/gtest.h>
@@ -76,12 +76,7 @@ class VerdictListener : public testing::EmptyTestEventListener {
     const std::string left_over = amplab::test::judged::unconsumed();
     if (!left_over.empty()) send("part failure " + escaped("judged outside your process\n" + left_over));
     const char* status = result->Failed() || !left_over.empty() ? "failed" : result->Skipped() ? "skipped" : "passed";
-    std::string fraction = "-";
-    for (int i = 0; i < result->test_property_count(); ++i) {
-      const testing::TestProperty& property = result->GetTestProperty(i);
-      if (std::string(property.key()) == "points_fraction") fraction = escaped(property.value());
-    }
-    send(std::string("end ") + status + " " + fraction);
+    send(std::string("end ") + status);
   }
 
  private:

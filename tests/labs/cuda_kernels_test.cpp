@@ -5,10 +5,12 @@
 //
 // Kernels are checked against PyTorch (or a float64 sum on the CPU) on sizes that are not multiples
 // of the block or tile sizes, empty and one-element inputs, misaligned pointers, fp32 and bf16.
-// The *Speed_CUDA tests (rubric: partial) check the result, then record the kernel's speed as a
-// ratio to a PyTorch baseline timed in the same test, and the share of their points it earns:
-// full points at 5/6 of the reference solution's ratio (measured on an H200: kReference below),
-// proportionally less below. They never fail for speed.
+// The *Speed_CUDA tests (rubric: speed) check the result, then time the kernel; they never fail for
+// speed. Their points: full at 5/6 of the reference solution's speed, proportionally less below.
+// In a plain run they time it here, as a ratio to a PyTorch baseline timed in the same test, held
+// against the reference's ratio on an H200 (kReference below). When scripts/grade grades them it
+// times the calls itself, from outside the process, against the reference's own calls on the same
+// machine (support.hpp's make_speed_calls_for_the_grader).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -185,6 +187,10 @@ TEST(Kernels3_Float4, Speed_CUDA) {
   auto a = torch::randn({n}, on_gpu()), b = torch::randn({n}, on_gpu());
   auto c = ck::vector_add(a, b, ck::AddVersion::float4);
   ASSERT_TRUE(tensors_equal(c, a + b));
+  // For the grader: each call adds b to the last call's sum (a chain, so no call can reuse another's).
+  if (amplab::test::make_speed_calls_for_the_grader(
+          {18000, {}, [&] { return std::vector{a = ck::vector_add(a, b, ck::AddVersion::float4)}; }}))
+    return;
   auto copy = torch::empty_like(a);
   const double copy_gbs = 8.0 * n / (median_ms([&] { copy.copy_(a); }) * 1e6);
   const double add_gbs = 12.0 * n / (median_ms([&] { ck::vector_add(a, b, ck::AddVersion::float4); }) * 1e6);
@@ -257,6 +263,10 @@ TEST(Kernels7_WarpShuffle, Speed_CUDA) {
   auto x = torch::rand({100'000'000}, on_gpu());
   const double expected = x.to(torch::kDouble).sum().item<double>();
   ASSERT_NEAR(ck::reduce_sum(x, ck::ReduceVersion::warp_shuffle).item<double>(), expected, 1e-5 * expected);
+  if (amplab::test::make_speed_calls_for_the_grader(
+          {40000, [&](int) { x.uniform_(); },
+           [&] { return std::vector{ck::reduce_sum(x, ck::ReduceVersion::warp_shuffle)}; }, 1e-5}))
+    return;
   const double torch_ms = median_ms([&] { x.sum(); });
   const double ours_ms = median_ms([&] { ck::reduce_sum(x, ck::ReduceVersion::warp_shuffle); });
   std::cout << "warp shuffles " << 4e8 / (ours_ms * 1e6) << " GB/s, torch.sum " << 4e8 / (torch_ms * 1e6) << " GB/s\n";
@@ -297,6 +307,9 @@ TEST(Kernels8_ConvTiled, Speed_CUDA) {
   auto image = torch::rand({4096, 4096}, on_gpu());
   auto blur = torch::full({3, 3}, 1.0 / 9, on_gpu());
   ASSERT_TRUE(tensors_close(ck::conv2d(image, blur, ck::ConvVersion::tiled), torch_conv(image, blur), 1e-5, 1e-5));
+  if (amplab::test::make_speed_calls_for_the_grader(
+          {60000, [&](int) { image.uniform_(); }, [&] { return std::vector{ck::conv2d(image, blur, ck::ConvVersion::tiled)}; }}))
+    return;
   auto batch = image.view({1, 1, 4096, 4096});
   auto weight = blur.view({1, 1, 3, 3});
   const double torch_ms = median_ms([&] { torch::conv2d(batch, weight, {}, 1, 1); });  // PyTorch's defaults
@@ -369,6 +382,10 @@ TEST(Kernels11_MatmulRegisterBlocked, Speed_CUDA) {
   amplab::Tf32Guard fp32(false);  // cuBLAS in true fp32, as our kernel
   auto a = torch::randn({4096, 4096}, on_gpu()), b = torch::randn({4096, 4096}, on_gpu());
   ASSERT_TRUE(tensors_close(ck::matmul(a, b, ck::MatmulVersion::register_blocked), torch::mm(a, b), 1e-3, 1e-3));
+  if (amplab::test::make_speed_calls_for_the_grader(
+          {1800, [&](int) { a.normal_(); },
+           [&] { return std::vector{ck::matmul(a, b, ck::MatmulVersion::register_blocked)}; }, 1e-3}))
+    return;
   const double cublas_ms = median_ms([&] { torch::mm(a, b); }, 5, 5);
   const double ours_ms = median_ms([&] { ck::matmul(a, b, ck::MatmulVersion::register_blocked); }, 5, 5);
   const double flops = 2.0 * 4096 * 4096 * 4096;
@@ -534,6 +551,11 @@ TEST(Kernels15_Autograd, FusedBeatsComposed_CUDA) {
   auto fused = step(ck::bias_gelu);
   auto composed = step(ck::bias_gelu_composed);
   ASSERT_TRUE(tensors_close(fused[0], composed[0], rtol(torch::kBFloat16), atol(torch::kBFloat16)));
+  auto fresh_x = [&](int) {
+    torch::NoGradGuard no_grad;
+    x.normal_();
+  };
+  if (amplab::test::make_speed_calls_for_the_grader({20000, fresh_x, [&] { return step(ck::bias_gelu); }, 1e-2})) return;
   const double composed_ms = median_ms([&] { step(ck::bias_gelu_composed); }, 5, 7);
   const double fused_ms = median_ms([&] { step(ck::bias_gelu); }, 5, 7);
   std::cout << "forward + backward, 8192 x 8192 bf16: fused " << fused_ms << " ms, composed " << composed_ms << " ms\n";

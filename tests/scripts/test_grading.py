@@ -13,7 +13,9 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 import unittest
+import unittest.mock
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -79,7 +81,7 @@ class RubricFiles(unittest.TestCase):
         self.assertEqual(rubric.problems("x", tests[:1], ["x-1"], ["A.B"]), [])
 
 
-class GtestReports(unittest.TestCase):
+class OutcomesAndScores(unittest.TestCase):
     def test_first_line(self):
         self.assertEqual(rubric.first_line('unknown file\nC++ exception with description "TODO(mnist-2) is not '
                                            'implemented yet: fill in ..." thrown in the test body.'),
@@ -91,50 +93,86 @@ class GtestReports(unittest.TestCase):
             "/t/gpu_basics_test.cpp:150\nExpected equality of these values:\n  gpu_basics::matmul_flops(2, 3, 4)\n"
             "    Which is: 24\n  48\n"))
 
-    def test_parse_report_with_skip_reason(self):
-        report = {"testsuites": [{"name": "S", "testsuite": [
-            {"name": "Ok", "status": "RUN", "result": "COMPLETED"},
-            {"name": "Bad", "status": "RUN", "result": "COMPLETED", "failures": [{"failure": "f.cpp:3\nboom"}]},
-            {"name": "Gpu_CUDA", "status": "RUN", "result": "SKIPPED"}]}]}
-        stdout = ("[ RUN      ] S.Gpu_CUDA\n/x/f.cpp:9: Skipped\nno CUDA device\n\n"
-                  "[  SKIPPED ] S.Gpu_CUDA (0 ms)\n")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = pathlib.Path(tmp) / "r.json"
-            path.write_text(json.dumps(report))
-            parsed = rubric.parse_report(path, stdout)
-        self.assertEqual(parsed["S.Ok"][0], "passed")
-        self.assertEqual(parsed["S.Bad"][:2], ("failed", "f.cpp:3: boom"))
-        self.assertEqual(parsed["S.Gpu_CUDA"][:2], ("skipped", "no CUDA device"))
-
-    def test_partial_tests_score_the_fraction_they_record(self):
+    def test_speed_tests_score_the_share_of_the_time_measured_outside(self):
         with tempfile.TemporaryDirectory() as tmp:
             tests = rubric.load_rubric(write(tmp, "rubric.yaml", """
                 lab: x
                 tests:
-                  - {test: S.Fast_CUDA, todo: x-1, points: 4, gpus: 1, partial: true}
+                  - {test: S.Fast_CUDA, todo: x-1, points: 4, gpus: 1, speed: {full_within: 1.2}}
+                  - {test: S.Linear_CUDA, todo: x-1, points: 4, gpus: 2, speed: {full_within: 1.1, none_at: 2.0}}
+                  - {test: S.Inside_CUDA, todo: x-1, points: 4, gpus: 2, partial: true, judged: inside}
                   - {test: S.Plain, todo: x-1, points: 2}
                 """), "x")
-            report = {"testsuites": [{"name": "S", "testsuite": [
-                {"name": "Fast_CUDA", "status": "RUN", "result": "COMPLETED", "points_fraction": "0.75"},
-                {"name": "Over", "status": "RUN", "result": "COMPLETED", "points_fraction": "1.4"}]}]}
-            path = pathlib.Path(tmp) / "r.json"
-            path.write_text(json.dumps(report))
-            parsed = rubric.parse_report(path)
-        self.assertEqual([t.partial for t in tests], [True, False])
-        self.assertEqual(parsed["S.Fast_CUDA"][3], 0.75)
-        self.assertEqual(parsed["S.Over"][3], 1.0)  # clamped
+        fast, linear, inside, plain = tests
+        self.assertEqual(rubric.speed_share(fast.speed, 1.1), 1.0)
+        self.assertAlmostEqual(rubric.speed_share(fast.speed, 2.4), 0.5)       # half the speed of 5/6 of it
+        self.assertEqual(rubric.speed_share(linear.speed, 1.1), 1.0)
+        self.assertAlmostEqual(rubric.speed_share(linear.speed, 1.55), 0.5)
+        self.assertEqual(rubric.speed_share(linear.speed, 3.0), 0.0)
         passed = rubric.Outcome("passed", 1.0, fraction=0.75)
-        self.assertEqual(rubric.score(tests[0], passed), 3.0)
-        self.assertEqual(rubric.score(tests[0], rubric.Outcome("passed", 1.0)), 0.0)  # recorded nothing
-        self.assertEqual(rubric.score(tests[0], rubric.Outcome("failed", 1.0, fraction=0.75)), 0)
-        self.assertEqual(rubric.score(tests[1], passed), 2)
-        with self.assertRaises(rubric.RubricError) as caught:
-            self.load_partial("2")
-        self.assertIn("'partial' must be true or false", str(caught.exception))
+        self.assertEqual(rubric.score(fast, passed), 3.0)
+        self.assertEqual(rubric.score(inside, passed), 3.0)
+        self.assertEqual(rubric.score(fast, rubric.Outcome("passed", 1.0)), 0.0)  # no time measured: no share
+        self.assertEqual(rubric.score(fast, rubric.Outcome("failed", 1.0, fraction=0.75)), 0)
+        self.assertEqual(rubric.score(plain, passed), 2)
 
-    def load_partial(self, value):
-        with tempfile.TemporaryDirectory() as tmp:
-            return rubric.load_rubric(write(tmp, "rubric.yaml", f"lab: x\ntests:\n  - {{test: A.B, todo: x-1, points: 1, partial: {value}}}\n"), "x")
+    def test_bad_speed_rules_are_refused(self):
+        for entry, says in (("partial: 2", "'partial' must be true or false"),
+                            ("partial: true", "only for a test judged inside"),
+                            ("speed: {full_within: 0.5}", "1 <= R < N"),
+                            ("speed: {full_within: 1.2, none_at: 1.1}", "1 <= R < N"),
+                            ("speed: {within: 1.2}", "'speed' must be"),
+                            ("speed: {full_within: 1.2}, judged: inside", "judged outside")):
+            with self.subTest(entry=entry), tempfile.TemporaryDirectory() as tmp:
+                with self.assertRaises(rubric.RubricError) as caught:
+                    rubric.load_rubric(write(tmp, "rubric.yaml", f"lab: x\ntests:\n  - {{test: A.B, todo: x-1, "
+                                                                 f"points: 1, {entry}}}\n"), "x")
+                self.assertIn(says, str(caught.exception))
+
+
+class SpeedFromOutside(unittest.TestCase):
+    """scripts/grade times a speed test's processes itself: the student's share comes from wall
+    times taken out there, never from what the student's process reports."""
+
+    class Box:  # stands in for the sandbox: each run's wall time by the mode of its calls
+        def __init__(self, seconds, failing=()):
+            self.seconds, self.failing, self.modes = {k: list(v) for k, v in seconds.items()}, failing, []
+
+        def run(self, argv, env, cwd, timeout_s, binaries, memory_mb=None):
+            mode = env["AMPLAB_SPEED_CALLS"]
+            self.modes.append(mode)
+            return types.SimpleNamespace(seconds=self.seconds[mode].pop(0), mode=mode)
+
+    def judge(self, box):
+        return lambda run, token, test: grade.sandbox.Verdict(
+            "failed" if run.mode in box.failing else "passed", "", [], None)
+
+    def share(self, box, student_seconds):
+        t = rubric.RubricTest(lab="x", test="S.Speed_CUDA", todo="x-1", points=4, gpus=1,
+                              speed={"full_within": 1.2})
+        with unittest.mock.patch.object(grade.sandbox, "judge", self.judge(box)):
+            return grade.time_from_outside(box, t, {"AMPLAB_SPEED_CALLS": "calls"}, student_seconds,
+                                           {"tests": "judge"}, "token", None)
+
+    def test_the_share_is_the_students_calls_against_the_references_timed_outside(self):
+        box = self.Box({"prepare": [6.50, 6.44], "calls": [11.70, 11.66]})
+        share, message, spent = self.share(box, 16.17)  # twice the work: 1.86x the reference's time
+        self.assertEqual(box.modes, ["prepare", "calls", "prepare", "calls"])  # taking turns
+        self.assertAlmostEqual(share, 1.2 / ((16.17 - 6.44) / (11.66 - 6.44)))
+        self.assertIn("1.86x the reference's time", message)
+        self.assertAlmostEqual(spent, 6.50 + 6.44 + 11.70 + 11.66)
+        share, _, _ = self.share(self.Box({"prepare": [6.5, 6.4], "calls": [11.7, 11.6]}), 11.9)
+        self.assertEqual(share, 1.0)  # within 1.2x
+        share, _, _ = self.share(self.Box({"prepare": [6.5, 6.4], "calls": [11.7, 11.6]}), 3.0)
+        self.assertEqual(share, 1.0)  # faster than the reference's startup: no negative time
+
+    def test_no_share_when_the_reference_cannot_be_timed(self):
+        share, message, _ = self.share(self.Box({"prepare": [6.5], "calls": [11.7]}, failing=("prepare",)), 9.0)
+        self.assertEqual(share, 0.0)
+        self.assertIn("could not time the reference's calls", message)
+        share, message, _ = self.share(self.Box({"prepare": [6.5, 6.4], "calls": [6.6, 6.7]}), 9.0)
+        self.assertEqual(share, 0.0)
+        self.assertIn("too little to time", message)
 
 
 class StudentFiles(unittest.TestCase):

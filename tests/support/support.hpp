@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace amplab::test {
 
@@ -85,6 +86,31 @@ std::string binary_dir();
 // `measured` with the share. Returns the share.
 double record_time_ratio_points(double ratio, const std::string& measured, double full_within = 1.1,
                                 double none_at = 2.0);
+
+// ---- Speed graded from outside the student's process ----------------------------------------------
+// A speed test's rubric entry has a `speed:` rule. In a plain run (ctest) the test times the code
+// in its own process, against a baseline, and prints the share of the points that would give.
+// When scripts/grade grades it, no time the student's process measures counts: the grader sets
+// AMPLAB_SPEED_CALLS, the test makes the calls below and nothing else after its checks, and the
+// grader times whole processes from outside: the student's, this checkout's test binary making
+// the same calls with the reference's code, and that binary making none (what is not the calls).
+//
+// Each call gets inputs no earlier call saw (`prepare` writes fresh values into them), so no call
+// can reuse another's answer; each call's outputs are folded into one number (a fixed random
+// weighting of every element), and the numbers of all calls must be the reference's: a check the
+// judge decides, as every tensor check, so calls that skip work are calls that fail.
+struct SpeedCalls {
+  int calls = 0;                                           // how many: ~5 s of the reference's
+  std::function<void(int call)> prepare;                   // fresh inputs for call `call` (the test's own work)
+  std::function<std::vector<torch::Tensor>()> call;        // the code whose speed is graded; its outputs
+  double rtol = 1e-4;                                      // how close each call's number must be
+};
+// With AMPLAB_SPEED_CALLS=calls: one warm-up call, then the calls, then the check; true (the test
+// ends there). With AMPLAB_SPEED_CALLS=prepare (the grader's run of this checkout's binary, to time
+// everything but the calls): the same without the calls and without the check; true. Otherwise
+// (a plain run) false: the test times the code itself.
+bool make_speed_calls_for_the_grader(const SpeedCalls& speed, const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE());
 
 // The summary.json of the one lab run under `out_dir` (run.out_dir): out_dir/<lab>/<stamp>/summary.json
 // only, never a file of that name deeper down (a checkpoint directory the lab's code writes into

@@ -383,6 +383,12 @@ void SpeedMlp::step() {
   forward().mean().backward();
 }
 
+std::vector<torch::Tensor> SpeedMlp::gradients() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& layer : layers_) out.push_back(layer->weight.grad());
+  return out;
+}
+
 double SpeedMlp::fit(int64_t steps, double lr) {
   std::vector<torch::Tensor> parameters;
   for (auto& layer : layers_) parameters.push_back(layer->weight);
