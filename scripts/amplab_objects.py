@@ -16,7 +16,8 @@ object of the same file (binutils' nm and objdump):
     process, file, environment, signal, IPC, socket, dynamic loading or raw system calls), and
     none of the C++ library's files, threads or the test framework (REFUSED_CPP);
   - it runs nothing before main() that the reference does not: no static initializer of its own
-    beyond the one <iostream> makes.
+    beyond the one <iostream> makes; and nothing from the loader after main() returns (a function
+    in .fini_array, or the older .ctors/.dtors, that the reference's object has none of).
 check() returns one line per finding, for the note the student sees.
 """
 from __future__ import annotations
@@ -130,6 +131,14 @@ def startup_calls(obj):
     return names if found else ["(an initializer)"]
 
 
+def loader_sections(obj):
+    """The sections of functions the loader runs after main() returns, or the old way around it, that the
+    object has (a C++ object's static destructors go through __cxa_atexit instead, and its initializers
+    through .init_array, which startup_calls reads)."""
+    headers = subprocess.run(["objdump", "-h", str(obj)], capture_output=True, text=True).stdout
+    return {name for name in (".fini_array", ".ctors", ".dtors") if re.search(rf"\s{re.escape(name)}(\.\S*)?\s", headers)}
+
+
 def check(obj, reference_obj):
     """What the object at `obj` does that the reference's object of the same file does not and no
     lab code may: one line per finding ([] when there is none)."""
@@ -159,6 +168,9 @@ def check(obj, reference_obj):
             findings.append(f"it calls '{plain[:120]}', which lab code may not (files, threads, the test framework, ATen kernels past the dispatcher, op observers, "
                             "allocators, kernel registration)")
     if reference_obj is not None:
+        for section in sorted(loader_sections(obj) - loader_sections(reference_obj)):
+            findings.append(f"it has a {section} section (a function the loader runs around main(), such as one marked "
+                            "destructor): lab code may not")
         theirs = set(startup_calls(reference_obj))
         extra = [s for s in startup_calls(obj) if not STARTUP_ALLOWED.match(s) and s not in theirs]
         if extra:

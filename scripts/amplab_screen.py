@@ -11,9 +11,8 @@ control of the test process around the tests.
   - token pasting (##: it can build the words above out of harmless pieces);
   - the test framework's namespace (testing::), and #define of a C++ keyword (#define private public);
   - functions run before main() or after exit by attribute (constructor, destructor, init_priority,
-    section), where the attribute and its word are on one logical line (split over two lines they
-    pass here; the judge's verdict does not depend on what such a function prints:
-    tests/grading/adversarial.py's case "destructor forges the end").
+    section, and their __name__ spellings), in `__attribute__((...))`, `__attribute((...))` or
+    `[[...]]`, however the attribute's brackets are laid out over lines.
 Comments and string literals are skipped, and backslash-newline splices joined first, so these are
 found however comments, strings and splices lay the text out. screen() returns one line per
 finding: 'line N: what; why'.
@@ -111,7 +110,8 @@ def screen(text: str, given: str = "") -> list:
     findings = []
     given_directives = {line.strip() for _, line in splice(given) if re.match(r'^\s*(#|%:)', line)}
     raw_lines = dict(splice(text))
-    for number, line in strip_literals(splice(text)):
+    code = strip_literals(splice(text))
+    for number, line in code:
         directive = re.match(r'^\s*(?:#|%:)\s*(.*)$', line)
         if directive:
             body = directive.group(1)
@@ -150,11 +150,49 @@ def screen(text: str, given: str = "") -> list:
             findings.append(f"line {number}: {word}: inline assembly is not allowed in a submission")
         if re.search(r"\btesting\s*::|\bnamespace\s+testing\b", line):
             findings.append(f"line {number}: testing::: the test framework is not for lab code")
-        if ("__attribute__" in words or "[[" in line) and words & RUN_AROUND_MAIN:
-            found = sorted(words & RUN_AROUND_MAIN)[0]
-            findings.append(f"line {number}: attribute '{found}': code run before main() or after exit "
-                            "(or placed in a section of its own) is not allowed")
+    for number, found in attributes_run_around_main(code):
+        findings.append(f"line {number}: attribute '{found}': code run before main() or after exit "
+                        "(or placed in a section of its own) is not allowed")
     return findings
+
+
+ATTRIBUTE_START = re.compile(r"\b__attribute(__)?\b|\[\s*\[")  # GCC takes both spellings
+
+
+def attributes_run_around_main(code):
+    """[(line, word)] for each attribute of `code` ([(line number, text without literals)]) that names
+    one of RUN_AROUND_MAIN: `__attribute__` and the brackets after it, or `[[` to its `]]`, read
+    across lines."""
+    text, starts = "", []
+    for number, line in code:
+        starts.append((len(text), number))
+        text += line + "\n"
+
+    def line_of(offset):
+        return max(n for at, n in starts if at <= offset)
+
+    found = []
+    for start in ATTRIBUTE_START.finditer(text):
+        i, depth, opened = start.end(), 0, False
+        if text[start.start()] == "[":
+            depth, opened = 2, True
+        while i < len(text):
+            c = text[i]
+            if c in "([":
+                depth, opened = depth + 1, True
+            elif c in ")]":
+                depth -= 1
+            elif not opened and not c.isspace():
+                break  # __attribute__ not followed by its brackets
+            i += 1
+            if opened and depth <= 0:
+                break
+        # GCC takes an attribute's name with or without its double underscores: __destructor__
+        words = {re.sub(r"^__(\w+)__$", r"\1", w) for w in re.findall(r"[A-Za-z_]\w*", text[start.end():i])}
+        words &= RUN_AROUND_MAIN
+        if words:
+            found.append((line_of(start.start()), sorted(words)[0]))
+    return found
 
 
 CLOSING = {")": "(", "]": "[", "}": "{"}

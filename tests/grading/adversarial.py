@@ -257,10 +257,10 @@ EXIT_HANDLER = r"""  std::atexit([] {
 """
 
 # Runs after main() returns, from the ELF's destructor array: no __cxa_atexit, nothing before main();
-# the attribute split over two lines.
+# the attribute split over two lines, in GCC's other spellings (__attribute, __destructor__).
 DESTRUCTOR_FORGE = r"""
-__attribute__((
-    destructor)) static void forge_the_end() {
+__attribute((
+    __destructor__)) static void forge_the_end() {
   std::printf("[       OK ] AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate (0 ms)\n"
               "[  PASSED  ] 7 tests.\n");
   std::fflush(stdout);
@@ -363,11 +363,11 @@ CASES = {
         "over the same way: refused for the registration, as a whole"),
     "destructor forges the end": (
         "#include <cstdio>\n" + solution_text().replace("  return loss * scale_;\n", "  return loss * init_scale_;\n")
-        + DESTRUCTOR_FORGE, ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+        + DESTRUCTOR_FORGE, "zero",
         "the plausible bug below (the initial scale) plus a function the loader runs after main() returns "
-        "(__attribute__((destructor)) split over two lines, which the source screen, reading a line at a time, "
-        "does not see; no static initializer, no exit handler) that prints the failed test's passing lines and a "
-        "clean summary: the verdict is the judge's, so it earns what the bug earns"),
+        "(__attribute((__destructor__)) split over two lines; no static initializer, no exit handler) that prints "
+        "the failed test's passing lines and a clean summary: the source screen reads attributes across lines and "
+        "in every spelling, and refuses the file (the object check would refuse its .fini_array too)"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),

@@ -316,6 +316,24 @@ class Screening(unittest.TestCase):
         self.assertEqual(lines, [1, 2, 3, 4, 5, 7, 8, 9])
         self.assertTrue(any("'..'" in f for f in found))
 
+    def test_attributes_that_run_code_around_main_are_found_however_they_are_written(self):
+        import amplab_screen
+        text = textwrap.dedent('''\
+            __attribute__((
+                destructor)) static void late() {}
+            __attribute((__constructor__)) static void early() {}
+            [[gnu::
+              section(".x")]] int placed;
+            __attribute__ ((init_priority (101))) int ordered;
+            __attribute__((unused)) static int fine;
+            [[nodiscard]] int also_fine();
+            int table[2]; int at = table[ [] { return 0; }() ];
+            const char* text = "__attribute__((constructor))";
+            ''')
+        found = amplab_screen.screen(text)
+        self.assertEqual([f.split(":")[0] for f in found], ["line 1", "line 3", "line 4", "line 6"], found)
+        self.assertIn("'destructor'", found[0])
+
 
 class Verdicts(unittest.TestCase):
     """amplab_sandbox.judge: the outcome comes from the token-carrying lines only."""
@@ -424,6 +442,7 @@ class ObjectChecks(unittest.TestCase):
                 "getenv": "#include <cstdlib>\nconst char* g() { return std::getenv(\"X\"); }\n",
                 "fstream": '#include <fstream>\nvoid g() { std::ofstream out("/tmp/x"); out << 1; }\n',
                 "main()": "int side(); static int early = side();\n",
+                ".fini_array": "#include <cstdio>\n__attribute__((destructor)) static void late() { std::puts(\"x\"); }\n",
                 "before main()": "#include <cstdio>\n[[gnu::noinline]] static int side() { std::puts(\"x\"); return 1; }\n"
                                  "static int early = side();\n",
                 "amplab::test": 'extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }\n',
