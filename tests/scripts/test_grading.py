@@ -496,13 +496,21 @@ class BuildMessages(unittest.TestCase):
                 $ ninja
                 course-reference/x.cpp: In function 'int f()':
                 course-reference/x.cpp:40:10: error: 'secret_name' was not declared in this scope
+                   40 |   return secret_name + secret_formula;
+                      |          ^~~~~~~~~~~
                 starter/lab/x.cpp:3:1: error: expected ';'
+                    3 |   int x
+                      |       ^
+                course-reference/x.cu(41): error: identifier "other" is undefined
+                      return other * secret_formula;
+                             ^
                 FAILED: x.o
                 """)
             self.assertIn("another TODO does not compile with your file", grade.first_error(log))
             shown = grade.hide_reference(log.read_text())
-            self.assertNotIn("secret_name", shown)
+            self.assertNotIn("secret", shown)
             self.assertIn("starter/lab/x.cpp:3:1: error: expected ';'", shown)
+            self.assertIn("    3 |   int x", shown)  # the student's own line is quoted
 
 
 class GradescopeFormat(unittest.TestCase):
