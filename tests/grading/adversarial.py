@@ -267,6 +267,35 @@ __attribute((
 }
 """
 
+# In TODO 1's body, once, before the scale exists: is update() (TODO 4) the reference's in this
+# binary? The starter's throws NotImplemented; the reference's throws amplab::Error (no scale yet)
+# before it changes anything. If it is, print its machine code (the first 512 bytes), marked for the
+# check.
+REFERENCE_PROBE = r"""  static bool probed = false;
+  bool reference_here = false;
+  if (!probed && enabled_ && !scale_.defined()) {
+    probed = true;
+    try {
+      update();
+    } catch (const amplab::NotImplemented&) {
+    } catch (const std::exception&) {
+      reference_here = true;
+    }
+  }
+  if (reference_here) {
+    void (GradScaler::*method)() = &GradScaler::update;  // virtual: 1 + its offset in the vtable
+    std::uintptr_t raw = 0;
+    std::memcpy(&raw, &method, sizeof raw);
+    void** vtable = *reinterpret_cast<void***>(this);
+    const unsigned char* code = static_cast<const unsigned char*>(
+        (raw & 1) ? vtable[(raw - 1) / sizeof(void*)] : reinterpret_cast<void*>(raw));
+    std::printf("LEAK the reference's update() is in this binary:");
+    for (int i = 0; i < 512; ++i) std::printf(" %02x", code[i]);
+    std::printf("\n");
+  }
+"""
+
+
 def with_body(body, includes=True):
     text = starter_text().replace(HOLE, body)
     return (INCLUDES if includes else "") + text
@@ -368,6 +397,14 @@ CASES = {
         "(__attribute((__destructor__)) split over two lines; no static initializer, no exit handler) that prints "
         "the failed test's passing lines and a clean summary: the source screen reads attributes across lines and "
         "in every spelling, and refuses the file (the object check would refuse its .fini_array too)"),
+    "the reference's machine code printed": (
+        with_body(REFERENCE_PROBE + SCALE_BODY.replace("  return loss * scale_;\n", "  return loss * init_scale_;\n")),
+        ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+        "the plausible bug below (the initial scale) in the untouched starter, whose TODO 1 also finds out whether "
+        "update() (TODO 4, empty in this submission) is the reference's in its binary, and if so prints its machine "
+        "code, which a disassembler turns back into the reference: a test graded in a binary holding the "
+        "reference's code of other TODOs shows the student nothing that binary printed, only the same test run "
+        "again with the student's code alone"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
