@@ -465,6 +465,9 @@ def frames(stream: bytes):
         at += 4 + length
 
 
+NO_FILTER = "no seccomp filter: the test binary could not install it here (libseccomp missing, or a rule refused)"
+
+
 def student_verdict(run: Run, test: str):
     """(the outcome the student's process reports, {property: value}, notes). Its failures count
     (they only lower the grade); a pass is only a claim, which the judge then checks."""
@@ -484,8 +487,10 @@ def student_verdict(run: Run, test: str):
         elif kind == "R" and "=" in text:
             key, _, value = text.partition("=")
             properties[key] = value
-        elif kind == "N":
-            notes.append(text[:200])
+        elif kind == "N" and NO_FILTER not in notes:
+            # The process's own words are not shown (it may hold the reference's code, and print it):
+            # that it said its filter is missing is; the staff's log has what it said.
+            notes.append(NO_FILTER)
     if run.code is None:
         return Verdict("timeout", run.limits[0] if run.limits else "timed out", failures, None), properties, notes
     if len(run.stream) >= VERDICT_KEPT:
@@ -516,7 +521,7 @@ def student_verdict(run: Run, test: str):
     fraction = None  # the share a test judged inside records of its own speed: the student's word (partial: true)
     if "points_fraction" in properties:
         try:
-            fraction = min(1.0, max(0.0, float(properties["points_fraction"])))
+            fraction = round(min(1.0, max(0.0, float(properties["points_fraction"]))), 2)  # 2 digits: no channel
         except ValueError:
             fraction = 0.0
     return Verdict("passed", "", [], fraction), properties, notes
