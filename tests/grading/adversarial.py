@@ -405,6 +405,15 @@ CASES = {
         "code, which a disassembler turns back into the reference: a test graded in a binary holding the "
         "reference's code of other TODOs shows the student nothing that binary printed, only the same test run "
         "again with the student's code alone"),
+    "the reference's machine code printed, then a hang": (
+        with_body(REFERENCE_PROBE.replace("  if (reference_here) {", "  static bool seen = false;\n  seen = seen || reference_here;\n"
+                                          "  if (seen && scale_.defined() && scale_.item<float>() != init_scale_) {")
+                  .replace('    std::printf("\\n");\n  }\n', '    std::printf("\\n");\n    std::fflush(stdout);\n    volatile unsigned spin = 0;\n    for (;;) spin = spin + 1;\n  }\n')
+                  + SCALE_BODY),
+        ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+        "correct TODO 1 code that, in the one test whose scale has moved, prints the machine code of the "
+        "reference's update() and then spins until the test's time runs out: a test that timed out in a binary "
+        "holding the reference's code shows nothing it printed, and is not run again"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
