@@ -335,6 +335,16 @@ class Screening(unittest.TestCase):
         self.assertIn("'destructor'", found[0])
 
 
+class Limits(unittest.TestCase):
+    def test_only_a_failed_allocation_is_running_out_of_memory(self):
+        import amplab_sandbox
+        warning = ("[W1129 04:17:51 CUDAFunctions.cpp:119] Warning: CUDA initialization: Unexpected error from "
+                   "cudaGetDeviceCount(). Error 2: out of memory (function operator())")
+        self.assertFalse(amplab_sandbox.ran_out_of_memory(warning + "\n[  FAILED  ] A.b"))
+        self.assertTrue(amplab_sandbox.ran_out_of_memory(warning + "\nterminate called: std::bad_alloc"))
+        self.assertTrue(amplab_sandbox.ran_out_of_memory("CUDA error: out of memory"))
+
+
 class Verdicts(unittest.TestCase):
     """amplab_sandbox.judge: the outcome comes from the token-carrying lines only."""
 
