@@ -296,6 +296,22 @@ REFERENCE_PROBE = r"""  static bool probed = false;
 """
 
 
+def reference_probe_after_update(then, stream="stdout"):
+    """REFERENCE_PROBE writing to `stream`, in the one test whose scale has moved (after an update),
+    followed by `then` (C++ run after the bytes are written)."""
+    probe = REFERENCE_PROBE.replace("  if (reference_here) {", "  static bool seen = false;\n  seen = seen || reference_here;\n"
+                                    "  if (seen && scale_.defined() && scale_.item<float>() != init_scale_) {")
+    probe = probe.replace('    std::printf("\\n");\n  }\n', '    std::printf("\\n");\n    std::fflush(stdout);\n' + then + "  }\n")
+    if stream == "stderr":  # through fputs and snprintf, both vetted
+        probe = probe.replace('std::printf("LEAK', 'std::fputs("LEAK').replace('in this binary:");', 'in this binary:", stderr);')
+        probe = probe.replace('std::printf(" %02x", code[i]);',
+                              '{\n      char hex[4];\n      std::snprintf(hex, sizeof hex, " %02x", code[i]);\n'
+                              '      std::fputs(hex, stderr);\n    }')
+        probe = probe.replace('std::printf("\\n");', 'std::fputs("\\n", stderr);').replace("std::fflush(stdout)",
+                                                                                          "std::fflush(stderr)")
+    return probe
+
+
 def with_body(body, includes=True):
     text = starter_text().replace(HOLE, body)
     return (INCLUDES if includes else "") + text
@@ -406,14 +422,18 @@ CASES = {
         "reference's code of other TODOs shows the student nothing that binary printed, only the same test run "
         "again with the student's code alone"),
     "the reference's machine code printed, then a hang": (
-        with_body(REFERENCE_PROBE.replace("  if (reference_here) {", "  static bool seen = false;\n  seen = seen || reference_here;\n"
-                                          "  if (seen && scale_.defined() && scale_.item<float>() != init_scale_) {")
-                  .replace('    std::printf("\\n");\n  }\n', '    std::printf("\\n");\n    std::fflush(stdout);\n    volatile unsigned spin = 0;\n    for (;;) spin = spin + 1;\n  }\n')
+        with_body(reference_probe_after_update("    volatile unsigned spin = 0;\n    for (;;) spin = spin + 1;\n")
                   + SCALE_BODY),
         ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
         "correct TODO 1 code that, in the one test whose scale has moved, prints the machine code of the "
         "reference's update() and then spins until the test's time runs out: a test that timed out in a binary "
         "holding the reference's code shows nothing it printed, and is not run again"),
+    "the reference's machine code on stderr, then a crash": (
+        with_body(reference_probe_after_update("    std::abort();\n", stream="stderr") + SCALE_BODY),
+        ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
+        "correct TODO 1 code that, in the one test whose scale has moved, writes the machine code of the "
+        "reference's update() to stderr and aborts: a crashed test in a binary holding the reference's code "
+        "shows nothing it wrote either, only the same test run again with the student's code alone"),
     "scale uses the initial scale": (solution_text().replace("  return loss * scale_;\n",
                                                              "  return loss * init_scale_;\n"),
                                      ("full-minus", ["AmpTraining1_Scale.MultipliesByTheCurrentScaleAfterUpdate"]),
