@@ -46,10 +46,12 @@ VETTED_C = re.compile(r"""^(
 )$""", re.VERBOSE)
 
 # C++ library parts no lab code needs and an attacker would: files, threads, the test framework,
-# torch's serialization (a path in, a file out), ATen's kernels called past the dispatcher and the
-# switches of its op observers (a test watches which ops a TODO calls), the tensor allocators'
-# setters (a test counts a TODO's allocations through the CPU allocator), and the dispatcher's
-# registration of kernels (one registered over ATen's would run inside every op a test computes with).
+# torch's serialization (a path in, a file out), ATen's kernels called past the dispatcher, the op
+# observers and their switches (a test watches which ops a TODO calls through them; one of the
+# student's would see the outputs of every op the test computes, its expected values among them),
+# the tensor allocators' setters (a test counts a TODO's allocations through the CPU allocator), and
+# the dispatcher's registration of kernels (one registered over ATen's would run inside every op a
+# test computes with).
 REFUSED_CPP = re.compile(r"""(
     std::(__cxx11::)?basic_(i|o)?fstream|std::(__cxx11::)?basic_filebuf|std::filesystem::|__gnu_cxx::stdio_(sync_)?filebuf|
     std::thread::_M_start_thread|std::this_thread::|std::system|
@@ -57,8 +59,8 @@ REFUSED_CPP = re.compile(r"""(
     torch::serialize::|torch::(save|load|pickle_save|pickle_load)\b|torch::jit::|at::from_file|caffe2::serialize::|
     c10::(Pickler|Unpickler)|
     torch::distributed|c10d::|
-    at::native::|at::(clearCallbacks|clearThreadLocalCallbacks|clearGlobalCallbacks|removeCallback|enableRecordFunction|
-                      set_record_function_tls_)\b|
+    at::native::|at::(addThreadLocalCallback|addGlobalCallback|clearCallbacks|clearThreadLocalCallbacks|
+                      clearGlobalCallbacks|removeCallback|enableRecordFunction|set_record_function_tls_)\b|
     c10::(SetCPUAllocator|SetAllocator)\b|
     torch::Library\b|(torch|c10)::RegisterOperators\b|c10::Dispatcher::
 )""", re.VERBOSE)

@@ -458,6 +458,9 @@ class ObjectChecks(unittest.TestCase):
                 "amplab::test": 'extern "C" int _ZN6amplab4test6judged4roleEv() { return 0; }\n',
                 "operator new": "#include <cstdlib>\n#include <new>\n"
                                 "void* operator new(std::size_t n) { return std::malloc(n ? n : 1); }\n",
+                "at::addThreadLocalCallback": "namespace at { struct RecordFunctionCallback {}; "
+                                              "unsigned long addThreadLocalCallback(RecordFunctionCallback); }\n"
+                                              "unsigned long g() { return at::addThreadLocalCallback({}); }\n",
                 "std::vector<amplab::test": "#include <vector>\nnamespace amplab::test::judged { struct Operand { int v; }; }\n"
                                             "using O = amplab::test::judged::Operand;\n"
                                             "template <> void std::vector<O>::push_back(const O& o) { (void)o; }\n"
