@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -512,6 +513,73 @@ EXTRA_FILES["a hook on autograd's thread throws an int"] = {
     f"starter/sharded_training/{f}": (ROOT / "solution" / "sharded_training" / f).read_text()
     for f in ("sharding.cpp", "sharded_adamw.cpp", "sharded_checkpoint.cpp")}
 
+# The answer found in memory. g++ computes a call's arguments last to first, so a check written
+# tensors_close(ck::matmul(a, b), torch::mm(a, b)) held torch::mm's result in the CUDA allocator's
+# blocks while the student's matmul ran. This naive matmul (cuda_kernels TODO 9) computes nothing:
+# each thread of a kernel asks whether one 512-byte block of the 2 MB segments holding C, A and B
+# starts with C's first entries, and the first block that does is copied into C. No library call:
+# only device pointers. It scored 4/4 on an H200 before the checks' expected sides were computed
+# only in the judge; it must now lose that test (its CPU test keeps its point). On a machine without
+# a GPU the test it attacks does not run (--gpus).
+MATMUL_LAB = {"lab": "cuda_kernels", "file": "matmul.cu", "todo": "cuda_kernels-9"}
+_NAIVE_OPENS = ("void matmul_naive(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, "
+                "cudaStream_t stream) {\n")
+FIND_THE_ANSWER = r"""namespace {
+__device__ const float* g_found;
+
+__global__ void look_for_the_answer(const float* a, const float* b, const float* c, int n, int k, int probe,
+                                    const char* window, long long candidates) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i >= candidates) return;
+  const float* here = reinterpret_cast<const float*>(window + i * 512);
+  if (here == c) return;
+  for (int j = 0; j < probe; ++j) {
+    float want = 0.f;
+    for (int p = 0; p < k; ++p) want += a[p] * b[static_cast<long long>(p) * n + j];
+    if (fabsf(here[j] - want) > 1e-3f * (1.f + fabsf(want))) return;
+  }
+  atomicCAS(reinterpret_cast<unsigned long long*>(&g_found), 0ull, reinterpret_cast<unsigned long long>(here));
+}
+
+__global__ void copy_the_answer(float* c, long long count) {
+  const float* from = g_found;
+  if (from == nullptr) return;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < count;
+       i += gridDim.x * static_cast<long long>(blockDim.x))
+    c[i] = from[i];
+}
+
+__global__ void forget_the_answer() { g_found = nullptr; }
+}  // namespace
+
+""" + _NAIVE_OPENS + r"""  if (!check_matmul_arguments("matmul_naive", m, n, k) || zero_when_k_is_zero(c, m, n, k, sizeof(float), stream)) return;
+  const long long candidates = (2 << 20) / 512;
+  forget_the_answer<<<1, 1, 0, stream>>>();
+  for (const void* anchor : {static_cast<const void*>(c), static_cast<const void*>(a), static_cast<const void*>(b)}) {
+    const char* window = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(anchor) & ~((uintptr_t{2} << 20) - 1));
+    look_for_the_answer<<<candidates / 256, 256, 0, stream>>>(a, b, c, static_cast<int>(n), static_cast<int>(k),
+                                                               n < 4 ? static_cast<int>(n) : 4, window, candidates);
+  }
+  copy_the_answer<<<64, 256, 0, stream>>>(c, m * n);
+  check_launch("copy_the_answer");
+}
+"""
+
+
+def answer_found_in_gpu_memory():
+    text = (ROOT / "solution" / "cuda_kernels" / "matmul.cu").read_text()
+    text = "\n".join(line for line in text.split("\n") if not re.match(r"\s*// (BEGIN|END) SOLUTION", line))
+    start = text.index(_NAIVE_OPENS)
+    end = text.index("\n}\n", start) + 3
+    return text[:start] + FIND_THE_ANSWER + text[end:]
+
+
+CASES["the answer found in GPU memory"] = (
+    answer_found_in_gpu_memory(), ("full-minus", ["Kernels9_MatmulNaive.MatchesTorch_CUDA"]),
+    "a naive matmul that computes nothing: a kernel looks for the test's expected product in the GPU memory "
+    "around its inputs and copies it", MATMUL_LAB)
+
+
 def secret_lines():
     """Lines of solution/ fences and hidden tests long enough to be telling."""
     lines = set()
@@ -551,10 +619,11 @@ def student_processes():
     return [p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid in uids]
 
 
-def expected_score(kind, tests):
+def expected_score(kind, tests, gpus=0):
+    tests = [t for t in tests if t.gpus <= gpus]  # the rest are not run here
     if kind == "zero":
         return 0
-    full = sum(t.points for t in tests if t.gpus == 0)
+    full = sum(t.points for t in tests)
     if kind == "full":
         return full
     if kind[0] == "only":
@@ -586,7 +655,7 @@ class Listener:
                 pass
 
 
-def run_case(name, source, kind, target, secrets, work, listener, autograder=None):
+def run_case(name, source, kind, target, secrets, work, listener, autograder=None, gpus=0):
     """Grades one case: with this checkout's scripts/grade (the target's TODO only), or as Gradescope
     runs its zip (`autograder`: the folder standing in for /autograder, every test of the lab)."""
     lab, todo = target["lab"], target["todo"]
@@ -611,7 +680,7 @@ def run_case(name, source, kind, target, secrets, work, listener, autograder=Non
     else:
         out = work / "out"
         grade = subprocess.run([sys.executable, str(ROOT / "scripts" / "grade"), str(submission), "--lab", lab,
-                                "--todo", todo, "--out", str(out), "--gpus", "0"],
+                                "--todo", todo, "--out", str(out), "--gpus", str(gpus)],
                                capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
     problems = []
@@ -621,7 +690,7 @@ def run_case(name, source, kind, target, secrets, work, listener, autograder=Non
     results = json.loads(results_path.read_text())
     if autograder:  # every test of the lab: TODO 1's share must be what the case earns, the rest 0 or full
         results["score"] = sum(t["score"] for t in results["tests"] if todo in t.get("tags", []))
-    want = expected_score(kind, tests)
+    want = expected_score(kind, tests, gpus)
     if abs(results["score"] - want) > 1e-9:
         problems.append(f"score {results['score']:g}, expected {want:g}")
     shown = results_path.read_text() + grade.stdout + grade.stderr
@@ -652,6 +721,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="the cases whose name contains this (several: a,b)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs the graded tests may use (default 0: the GPU "
+                        "tests are not run, and a case scores only its CPU tests)")
     parser.add_argument("--autograder", metavar="DIR", help="grade through Gradescope's zip set up in DIR (DIR/source "
                         "holds setup.sh and run_autograder, run as Gradescope runs them)")
     args = parser.parse_args()
@@ -677,7 +748,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
             problems, seconds = run_case(name, source, kind, target[0] if target else DEFAULT_TARGET, secrets,
                                          pathlib.Path(tmp), listener,
-                                         pathlib.Path(args.autograder).resolve() if args.autograder else None)
+                                         pathlib.Path(args.autograder).resolve() if args.autograder else None,
+                                         args.gpus)
         status = "ok" if not problems else "FAIL"
         failed += bool(problems)
         print(f"{status:4}  {name} ({what}; {seconds:.0f} s)" + "".join(f"\n      {p}" for p in problems), flush=True)

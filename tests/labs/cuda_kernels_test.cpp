@@ -150,7 +150,8 @@ TEST(Kernels2_GridStride, MatchesTorch_CUDA) {
   for (int threads : {32, 256, 1024})
     for (int64_t n : {0, 1, 3, 255, 256, 257, 1'000'003}) {
       auto a = torch::randn({n}, on_gpu()), b = torch::randn({n}, on_gpu());
-      EXPECT_TRUE(tensors_equal(ck::vector_add(a, b, ck::AddVersion::grid_stride, threads), a + b))
+      EXPECT_TRUE(tensors_equal(ck::vector_add(a, b, ck::AddVersion::grid_stride, threads),
+                                [&] { return a + b; }))
           << "n = " << n << ", threads = " << threads;
     }
 }
@@ -170,14 +171,16 @@ TEST(Kernels3_Float4, MatchesTorchWithTailsAndMisalignment_CUDA) {
   for (int threads : {32, 256, 1024})
     for (int64_t n : {0, 1, 3, 4, 5, 7, 255, 256, 257, 1'000'003}) {
       auto a = torch::randn({n}, on_gpu()), b = torch::randn({n}, on_gpu());
-      EXPECT_TRUE(tensors_equal(ck::vector_add(a, b, ck::AddVersion::float4, threads), a + b))
+      EXPECT_TRUE(tensors_equal(ck::vector_add(a, b, ck::AddVersion::float4, threads), [&] { return a + b; }))
           << "n = " << n << ", threads = " << threads;
     }
   // Slices that start one float in: not 16-byte aligned.
   auto a = torch::randn({1001}, on_gpu()), b = torch::randn({1001}, on_gpu());
   auto a1 = a.narrow(0, 1, 1000), b1 = b.narrow(0, 1, 1000);
-  EXPECT_TRUE(tensors_equal(ck::vector_add(a1, b1, ck::AddVersion::float4), a1 + b1)) << "a and b misaligned";
-  EXPECT_TRUE(tensors_equal(ck::vector_add(a1, b.narrow(0, 0, 1000), ck::AddVersion::float4), a1 + b.narrow(0, 0, 1000)))
+  EXPECT_TRUE(tensors_equal(ck::vector_add(a1, b1, ck::AddVersion::float4), [&] { return a1 + b1; }))
+      << "a and b misaligned";
+  EXPECT_TRUE(tensors_equal(ck::vector_add(a1, b.narrow(0, 0, 1000), ck::AddVersion::float4),
+                            [&] { return a1 + b.narrow(0, 0, 1000); }))
       << "a misaligned";
 }
 
@@ -186,7 +189,7 @@ TEST(Kernels3_Float4, Speed_CUDA) {
   const int64_t n = 100'000'000;
   auto a = torch::randn({n}, on_gpu()), b = torch::randn({n}, on_gpu());
   auto c = ck::vector_add(a, b, ck::AddVersion::float4);
-  ASSERT_TRUE(tensors_equal(c, a + b));
+  ASSERT_TRUE(tensors_equal(c, [&] { return a + b; }));
   // For the grader: each call adds b to the last call's sum (a chain, so no call can reuse another's).
   if (amplab::test::make_speed_calls_for_the_grader(
           {18000, {}, [&] { return std::vector{a = ck::vector_add(a, b, ck::AddVersion::float4)}; }}))
@@ -215,10 +218,11 @@ void expect_sums_right(ck::ReduceVersion version) {
   for (int threads : {32, 256, 1024})
     for (int64_t n : {0, 1, 31, 32, 33, 1000, 4097, (1 << 20) + 7}) {
       auto x = torch::rand({n}, on_gpu()) - 0.25;  // mostly positive: the sum grows with n
-      const double expected = x.to(torch::kCPU).to(torch::kDouble).sum().item<double>();
       auto sum = ck::reduce_sum(x, version, threads);
       ASSERT_EQ(sum.dim(), 0);
       const double got = sum.item<double>();
+      // Computed after the call: while the student's code runs, the answer is nowhere in the process.
+      const double expected = x.to(torch::kCPU).to(torch::kDouble).sum().item<double>();
       EXPECT_NEAR(got, expected, 1e-5 * std::abs(expected) + 1e-5)
           << ck::name(version) << ": n = " << n << ", threads = " << threads;
     }
@@ -249,9 +253,9 @@ TEST(Kernels7_WarpShuffle, MatchesDoubleSumAlsoMisaligned_CUDA) {
   auto x = torch::rand({100'003}, on_gpu());
   for (int64_t offset : {1, 2, 3}) {  // slices starting off a 16-byte boundary
     auto slice = x.narrow(0, offset, 100'000);
-    const double expected = slice.to(torch::kCPU).to(torch::kDouble).sum().item<double>();
-    EXPECT_NEAR(ck::reduce_sum(slice, ck::ReduceVersion::warp_shuffle).item<double>(), expected, 1e-5 * expected)
-        << "offset " << offset;
+    const double got = ck::reduce_sum(slice, ck::ReduceVersion::warp_shuffle).item<double>();
+    const double expected = slice.to(torch::kCPU).to(torch::kDouble).sum().item<double>();  // after the call
+    EXPECT_NEAR(got, expected, 1e-5 * expected) << "offset " << offset;
   }
   // Many times one wave of threads (the grid-stride loop); 2^24 ones: every partial sum is exact in fp32.
   auto big = torch::ones({1 << 24}, on_gpu());
@@ -295,7 +299,8 @@ TEST(Kernels8_ConvTiled, MatchesTorchConv2d_CUDA) {
   for (int64_t size : {3, 5})
     for (auto [h, w] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {6, 1}, {33, 70}, {64, 64}, {100, 257}}) {
       auto image = torch::randn({h, w}, on_gpu()), filter = torch::randn({size, size}, on_gpu());
-      EXPECT_TRUE(tensors_close(ck::conv2d(image, filter, ck::ConvVersion::tiled), torch_conv(image, filter), 1e-5, 1e-5))
+      EXPECT_TRUE(tensors_close(ck::conv2d(image, filter, ck::ConvVersion::tiled),
+                                [&] { return torch_conv(image, filter); }, 1e-5, 1e-5))
           << size << "x" << size << " filter, " << h << " x " << w << " image";
     }
   auto empty = torch::empty({0, 9}, on_gpu());
@@ -306,7 +311,8 @@ TEST(Kernels8_ConvTiled, Speed_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   auto image = torch::rand({4096, 4096}, on_gpu());
   auto blur = torch::full({3, 3}, 1.0 / 9, on_gpu());
-  ASSERT_TRUE(tensors_close(ck::conv2d(image, blur, ck::ConvVersion::tiled), torch_conv(image, blur), 1e-5, 1e-5));
+  ASSERT_TRUE(tensors_close(ck::conv2d(image, blur, ck::ConvVersion::tiled), [&] { return torch_conv(image, blur); },
+                            1e-5, 1e-5));
   if (amplab::test::make_speed_calls_for_the_grader(
           {60000, [&](int) { image.uniform_(); }, [&] { return std::vector{ck::conv2d(image, blur, ck::ConvVersion::tiled)}; }}))
     return;
@@ -342,7 +348,7 @@ void expect_fp32_matmul_right(ck::MatmulVersion version) {
   amplab::Tf32Guard fp32(false);  // the reference in true fp32
   for (auto [m, n, k] : kMatmulShapes) {
     auto a = torch::randn({m, k}, on_gpu()), b = torch::randn({k, n}, on_gpu());
-    EXPECT_TRUE(tensors_close(ck::matmul(a, b, version), torch::mm(a, b), 1e-4, 1e-4))
+    EXPECT_TRUE(tensors_close(ck::matmul(a, b, version), [&] { return torch::mm(a, b); }, 1e-4, 1e-4))
         << ck::name(version) << ": m = " << m << ", n = " << n << ", k = " << k;
   }
 }
@@ -371,17 +377,19 @@ TEST(Kernels11_MatmulRegisterBlocked, MatchesTorch_CUDA) {
   auto b_storage = torch::randn({128 * 384 + 1}, on_gpu());
   auto b1 = b_storage.narrow(0, 1, 128 * 384).view({128, 384});  // tile multiples, misaligned
   auto a2 = torch::randn({256, 128}, on_gpu());
-  EXPECT_TRUE(tensors_close(ck::matmul(a2, b1, ck::MatmulVersion::register_blocked), torch::mm(a2, b1), 1e-4, 1e-4))
+  EXPECT_TRUE(tensors_close(ck::matmul(a2, b1, ck::MatmulVersion::register_blocked), [&] { return torch::mm(a2, b1); },
+                            1e-4, 1e-4))
       << "b not 16-byte aligned";
   EXPECT_TRUE(tensors_close(ck::matmul(a1, b.narrow(0, 0, 128).contiguous(), ck::MatmulVersion::register_blocked),
-                            torch::mm(a1, b.narrow(0, 0, 128)), 1e-4, 1e-4));
+                            [&] { return torch::mm(a1, b.narrow(0, 0, 128)); }, 1e-4, 1e-4));
 }
 
 TEST(Kernels11_MatmulRegisterBlocked, Speed_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   amplab::Tf32Guard fp32(false);  // cuBLAS in true fp32, as our kernel
   auto a = torch::randn({4096, 4096}, on_gpu()), b = torch::randn({4096, 4096}, on_gpu());
-  ASSERT_TRUE(tensors_close(ck::matmul(a, b, ck::MatmulVersion::register_blocked), torch::mm(a, b), 1e-3, 1e-3));
+  ASSERT_TRUE(tensors_close(ck::matmul(a, b, ck::MatmulVersion::register_blocked), [&] { return torch::mm(a, b); },
+                            1e-3, 1e-3));
   if (amplab::test::make_speed_calls_for_the_grader(
           {1800, [&](int) { a.normal_(); },
            [&] { return std::vector{ck::matmul(a, b, ck::MatmulVersion::register_blocked)}; }, 1e-3}))
@@ -444,7 +452,7 @@ TEST(Kernels13_BiasGeluForward, MatchesComposedOps_CUDA) {
       auto x = 3 * torch::randn({rows, cols}, on_gpu(dtype)), bias = torch::randn({cols}, on_gpu(dtype));
       auto y = ck::bias_gelu_forward(x, bias);
       ASSERT_EQ(y.scalar_type(), dtype);
-      EXPECT_TRUE(tensors_close(y, ck::bias_gelu_composed(x, bias), rtol(dtype), atol(dtype)))
+      EXPECT_TRUE(tensors_close(y, [&] { return ck::bias_gelu_composed(x, bias); }, rtol(dtype), atol(dtype)))
           << c10::toString(dtype) << " " << rows << " x " << cols;
     }
 }
@@ -499,7 +507,8 @@ TEST(Kernels15_Autograd, GradientsMatchComposedOps_CUDA) {
       auto weight = torch::randn({rows, cols}, on_gpu(dtype));
       auto y = ck::bias_gelu(x, bias);
       ASSERT_TRUE(y.requires_grad()) << "the fused op must be differentiable";
-      EXPECT_TRUE(tensors_close(y.detach(), ck::bias_gelu_composed(x.detach(), bias.detach()), rtol(dtype), atol(dtype)));
+      EXPECT_TRUE(tensors_close(y.detach(), [&] { return ck::bias_gelu_composed(x.detach(), bias.detach()); },
+                                rtol(dtype), atol(dtype)));
       (y * weight).sum().backward();  // the incoming gradient is weight (sum's gradient is an expanded tensor)
       auto [want_x, want_bias] = composed_gradients(x, bias, weight);
       EXPECT_TRUE(tensors_close(x.grad(), want_x, rtol(dtype), atol(dtype))) << c10::toString(dtype) << " grad_x";

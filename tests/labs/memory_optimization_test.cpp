@@ -225,9 +225,10 @@ TEST(MemoryOptimization2_FindBatchSize, AgreesWithALinearScanForManyLimits) {
       config.max_batch = 2048;
       config.trial_steps = 1;
       mo::FitsFn fits = [limit](int64_t b) { return b <= limit; };
+      auto got = mo::find_batch_size([&](int64_t b) { s.step(b); }, *s.model, &s.optimizer, torch::kCPU, config, fits);
+      // The expected values after the call: while the code under test runs, they are nowhere in the process.
       int64_t scan = 0;  // the linear scan: the last multiple of 4 that fits, up to max_batch
       for (int64_t b = 4; b <= config.max_batch && fits(b); b += 4) scan = b;
-      auto got = mo::find_batch_size([&](int64_t b) { s.step(b); }, *s.model, &s.optimizer, torch::kCPU, config, fits);
       std::string where = "limit " + std::to_string(limit) + ", start " + std::to_string(start);
       EXPECT_EQ(got.largest_fit, scan) << where;
       EXPECT_EQ(got.smallest_oom, scan >= config.max_batch ? 0 : scan + 4) << where;
@@ -291,9 +292,9 @@ TEST(MemoryOptimization3_Accumulation, UnevenMicroBatchesGiveTheBigBatchGradient
   torch::manual_seed(0);
   mo::DeepMlp big(small_mlp()), small = copy_of(big);
   amplab::Batch batch = random_batch(10, 16, 5);
+  torch::Tensor got_loss = mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 4));
   torch::Tensor want_loss = mo::loss_of(big, batch);
   want_loss.backward();
-  torch::Tensor got_loss = mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 4));
   ASSERT_TRUE(got_loss.defined()) << "accumulate_gradients returned no loss";
   EXPECT_FALSE(got_loss.requires_grad()) << "the returned loss is detached";
   EXPECT_EQ(got_loss.dim(), 0);
@@ -311,15 +312,15 @@ TEST(MemoryOptimization3_Accumulation, OneMicroBatchIsThePlainBackwardAndGradien
   torch::manual_seed(0);
   mo::DeepMlp big(small_mlp()), small = copy_of(big);
   amplab::Batch batch = random_batch(12, 16, 5);
-  mo::loss_of(big, batch).backward();
   mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 64));
+  mo::loss_of(big, batch).backward();
   auto got = small->named_parameters();
   for (const auto& item : big->named_parameters())
     EXPECT_TRUE(test::tensors_equal(got[item.key()].grad(), item.value().grad())) << item.key();
   // A second call adds to .grad, as backward() does (the caller zeroes between optimizer steps).
   mo::accumulate_gradients(*trainer_for(small, Precision::fp32), mo::split_batch(batch, 64));
   for (const auto& item : big->named_parameters())
-    EXPECT_TRUE(test::tensors_close(got[item.key()].grad(), 2 * item.value().grad(), 1e-6, 1e-7))
+    EXPECT_TRUE(test::tensors_close(got[item.key()].grad(), [&] { return 2 * item.value().grad(); }, 1e-6, 1e-7))
         << item.key() << ": gradients accumulate across calls";
 }
 
@@ -388,13 +389,13 @@ TEST(MemoryOptimization4_Checkpoint, GradientsEqualThePlainOnesToTheBitWithDropo
   auto x = torch::randn({4, 8});
   auto x_plain = x.clone().requires_grad_(true), x_ckpt = x.clone().requires_grad_(true);
   torch::manual_seed(3);
-  auto want = plain->forward(x_plain).pow(2).sum();
-  want.backward();
-  auto want_next = torch::rand({2});
-  torch::manual_seed(3);
   auto got = checkpointed(ckpt, x_ckpt).pow(2).sum();
   got.backward();
   auto got_next = torch::rand({2});
+  torch::manual_seed(3);
+  auto want = plain->forward(x_plain).pow(2).sum();
+  want.backward();
+  auto want_next = torch::rand({2});
   EXPECT_TRUE(test::tensors_equal(got, want));
   ASSERT_TRUE(x_ckpt.grad().defined()) << "the input's gradient";
   EXPECT_TRUE(test::tensors_equal(x_ckpt.grad(), x_plain.grad())) << "the input's gradient";
@@ -428,11 +429,11 @@ TEST(MemoryOptimization4_Checkpoint, ReplaysTheForwardsAutocast) {
   torch::Tensor want, got;
   {
     amplab::AutocastGuard autocast(c10::kCPU, c10::kBFloat16);
-    want = plain->forward(x).to(torch::kFloat).pow(2).sum();
     got = checkpointed(ckpt, x).to(torch::kFloat).pow(2).sum();
+    want = plain->forward(x).to(torch::kFloat).pow(2).sum();
   }
-  want.backward();
   got.backward();
+  want.backward();
   EXPECT_TRUE(test::tensors_equal(got, want));
   expect_same_grads(*ckpt, *plain, "bf16 autocast");
 }
@@ -488,7 +489,8 @@ TEST(MemoryOptimization4_Checkpoint, ReplaysTheForwardsCudaAutocastToo) {
       ADD_FAILURE() << "the recompute ran with CUDA autocast " << describe(at_recompute) << "; the forward had it "
                     << describe(at_forward) << " (replay CUDA's autocast state as well as the CPU's)";
     ASSERT_TRUE(w.grad().defined()) << "no gradient for the segment's parameter";
-    EXPECT_TRUE(test::tensors_close(w.grad(), ((1 - (x * w).tanh().pow(2)) * x).sum(0).detach(), 1e-6, 1e-7));
+    EXPECT_TRUE(test::tensors_close(w.grad(), [&] { return ((1 - (x * w).tanh().pow(2)) * x).sum(0).detach(); },
+                                    1e-6, 1e-7));
   }
   EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCUDA));
 }
@@ -529,7 +531,7 @@ TEST(MemoryOptimization4_Checkpoint, NoGradJustRunsAndOnlyTheInputIsKept) {
     torch::NoGradGuard no_grad;
     auto y = checkpointed(blocks, x);
     EXPECT_FALSE(y.requires_grad());
-    EXPECT_TRUE(test::tensors_equal(y, blocks->forward(x)));
+    EXPECT_TRUE(test::tensors_equal(y, [&] { return blocks->forward(x); }));
   }
   auto forward_peak = [&](bool with_checkpoint) {
     test::CpuAllocationCounter counter;
@@ -551,15 +553,15 @@ TEST(MemoryOptimization5_Blocks, GradientsEqualThePlainOnesToTheBitWithDropout) 
     amplab::Batch batch = random_batch(6, 16, 5);
 
     torch::manual_seed(11);
-    torch::Tensor want = mo::loss_of(plain, batch);
-    want.backward();
-    torch::Tensor want_next = torch::rand({3});
-
-    torch::manual_seed(11);
     torch::Tensor got = mo::loss_of(checkpointed, batch);
     ASSERT_TRUE(got.requires_grad());
     got.backward();
     torch::Tensor got_next = torch::rand({3});
+
+    torch::manual_seed(11);
+    torch::Tensor want = mo::loss_of(plain, batch);
+    want.backward();
+    torch::Tensor want_next = torch::rand({3});
 
     std::string where = "checkpoint_every " + std::to_string(every);
     EXPECT_TRUE(test::tensors_equal(got.detach(), want.detach())) << where << ": loss";
@@ -593,7 +595,7 @@ TEST(MemoryOptimization5_Blocks, PeakMemoryFallsAndEvaluationIsUnchanged) {
   EXPECT_LT(every_two, plain_peak) << "segments of two blocks";
 
   torch::NoGradGuard no_grad;
-  EXPECT_TRUE(test::tensors_equal(checkpointed->forward(batch.input), plain->forward(batch.input)))
+  EXPECT_TRUE(test::tensors_equal(checkpointed->forward(batch.input), [&] { return plain->forward(batch.input); }))
       << "without grad mode the model runs as usual";
 }
 
@@ -640,9 +642,9 @@ TEST(MemoryOptimization6_Estimate, PerSampleBytesMatchTheMeasuredGrowth) {
       sgd.step();
       return counter.peak();
     };
+    const double estimated = static_cast<double>(mo::estimate_memory(options, Precision::fp32, every, true).per_sample);
     peak_at(256);  // the momentum buffers exist from here on
     const double measured = static_cast<double>(peak_at(512) - peak_at(256)) / 256.0;
-    const double estimated = static_cast<double>(mo::estimate_memory(options, Precision::fp32, every, true).per_sample);
     // Without checkpointing the activations dominate and the estimate is close. With it, what
     // backward needs while it runs weighs more, and the CPU's kernels need less of it than a GPU's
     // (the GPU test holds the estimate to 10% of the measured peak): an upper bound here.
@@ -798,13 +800,13 @@ TEST(MemoryOptimizationGpu, TheEstimateIsWithinTenPercentOfTheMeasuredPeak_CUDA)
         loss.backward();
         sgd.step();
       };
+      const double estimated = static_cast<double>(mo::estimate_memory(options, precision, every, true).at(8192));
       step();  // the momentum buffers exist from here on
       amplab::synchronize(gpu);
       amplab::reset_peak_memory(gpu);
       step();
       amplab::synchronize(gpu);
       const double measured = static_cast<double>(amplab::read_memory(gpu).peak_allocated);
-      const double estimated = static_cast<double>(mo::estimate_memory(options, precision, every, true).at(8192));
       EXPECT_NEAR(estimated, measured, 0.10 * measured)
           << amplab::to_string(precision) << ", checkpoint_every " << every << ": estimated " << estimated / (1 << 20)
           << " MiB, measured " << measured / (1 << 20) << " MiB";

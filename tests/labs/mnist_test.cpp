@@ -58,7 +58,7 @@ TEST(Mnist2_Resident, NormalisedFloatImagesAndLabels) {
   EXPECT_EQ(resident.images.scalar_type(), torch::kFloat32);
   EXPECT_EQ(resident.labels.scalar_type(), torch::kInt64);
   EXPECT_TRUE(test::tensors_equal(resident.labels, split.labels));
-  auto expected = (split.images.to(torch::kFloat32) / 255.0 - 0.1307) / 0.3081;
+  auto expected = [&] { return (split.images.to(torch::kFloat32) / 255.0 - 0.1307) / 0.3081; };
   EXPECT_TRUE(test::tensors_close(resident.images.squeeze(1), expected, 1e-6, 1e-6));
 }
 

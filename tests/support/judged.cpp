@@ -24,6 +24,7 @@ namespace {
 
 Role current_role = Role::plain;
 int student_fd = -1;
+bool student_computes_expected = false;
 
 // A tensor of more elements than this crosses as an even sample of kSampled of them, from an
 // offset the grading run's seed sets (the judge samples its own the same way), so that a check on
@@ -92,6 +93,7 @@ void write_operand(Writer& out, const Operand& value) {
     case Operand::Tag::real: out.f64(value.real); break;
     case Operand::Tag::text:
     case Operand::Tag::opaque: out.text(value.text); break;
+    case Operand::Tag::withheld: break;
     case Operand::Tag::tensor: {
       out.text(value.text);
       const torch::Tensor& t = value.tensor;
@@ -150,6 +152,7 @@ Operand read_operand(Reader& in) {
     case Operand::Tag::real: v.real = in.number<double>(); break;
     case Operand::Tag::text:
     case Operand::Tag::opaque: v.text = in.text(); break;
+    case Operand::Tag::withheld: break;
     case Operand::Tag::tensor: {
       v.text = in.text();
       auto dtype = static_cast<c10::ScalarType>(in.number<uint8_t>());
@@ -232,6 +235,7 @@ std::string show(const Operand& v) {
     case Operand::Tag::real: out.precision(17); out << v.real; break;
     case Operand::Tag::text: out << '"' << v.text.substr(0, 200) << (v.text.size() > 200 ? "...\"" : "\""); break;
     case Operand::Tag::opaque: out << v.text; break;
+    case Operand::Tag::withheld: out << "(not computed in your process)"; break;
     case Operand::Tag::tensor: out << "tensor " << v.tensor.scalar_type() << v.tensor.sizes() << v.text; break;
   }
   return out.str();
@@ -324,6 +328,12 @@ bool identical(const Operand& a, const Operand& b) {
     if (!own) return fail("the condition, computed here from your run's values, does not hold");
     return ::testing::AssertionSuccess();
   }
+  if (s.size() == 2 && s[1].tag == Operand::Tag::withheld) {  // the expected side exists here only
+    if (!holds(theirs.kind, s[0], m[1], tolerance, rtol))
+      return fail("your run's value does not meet the check against the reference run's expected value" +
+                  why_not(theirs.kind, s[0], m[1], tolerance, rtol));
+    return ::testing::AssertionSuccess();
+  }
   for (const auto& v : s)
     if (v.tag == Operand::Tag::opaque)  // addresses: only the student's process can compare them
       return theirs.own_passed ? ::testing::AssertionSuccess() : fail("the check fails in your run");
@@ -349,9 +359,12 @@ bool identical(const Operand& a, const Operand& b) {
 
 Role role() { return current_role; }
 
-void become_student(int fd) {
+bool computes_expected() { return current_role != Role::student || student_computes_expected; }
+
+void become_student(int fd, bool computes_expected) {
   current_role = Role::student;
   student_fd = fd;
+  student_computes_expected = computes_expected;
 }
 
 void become_judge(const std::string& observations_file) {
@@ -421,8 +434,13 @@ Operand tensor_operand(const torch::Tensor& value) {
                                          << student_run.consumed << " is at " << theirs.file << ":" << theirs.line
                                          << ", the reference's at " << file << ":" << line;
   }
+  // Only a tensor check's expected side may be withheld, and only by the student's process.
+  const bool withheld_expected = (kind == Kind::tensors_close || kind == Kind::tensors_equal) &&
+                                 theirs.operands.size() == 2 && theirs.operands[1].tag == Operand::Tag::withheld &&
+                                 mine.operands[1].tag == Operand::Tag::tensor;
   for (size_t i = 0; i < mine.operands.size() && kind != Kind::throws; ++i)
-    if (theirs.operands[i].tag != mine.operands[i].tag && !(is_number(theirs.operands[i]) && is_number(mine.operands[i]))) {
+    if (theirs.operands[i].tag != mine.operands[i].tag && !(is_number(theirs.operands[i]) && is_number(mine.operands[i])) &&
+        !(withheld_expected && i == 1)) {
       student_run.desynchronized = true;
       return ::testing::AssertionFailure() << "your run's check at " << file << ":" << line << " has operands of other kinds";
     }

@@ -11,7 +11,10 @@
 //     (for `EXPECT_EQ(scale, 65536)`: the student's scale against the judge's 65536, and the judge's
 //     scale against the student's 65536, so it does not matter which side is the student's);
 //   - operands that are not numbers or tensors (sizes, strings, dtypes) must be identical to the
-//     judge's; a bare condition (EXPECT_TRUE on a bool) is the student's word only.
+//     judge's; a bare condition (EXPECT_TRUE on a bool) is the student's word only;
+//   - a tensor check whose expected side is a function (support.hpp) has no expected side in the
+//     student's process at all: the student's actual side must meet the check against the judge's.
+//     So the answer is never in the memory of the process that runs the student's code.
 // So the student's process can report its values, not its verdict: to pass it must hand over the
 // values the reference computes. In a plain run (ctest) nothing of this happens: the macros below
 // are gtest's own checks with the same messages.
@@ -35,7 +38,10 @@ enum class Kind : uint8_t { eq = 1, ne, lt, le, gt, ge, near, double_eq, truth, 
 
 // One operand as data: what crosses from the student's process to the judge's.
 struct Operand {
-  enum class Tag : uint8_t { integer = 'i', natural = 'u', real = 'f', text = 's', opaque = 'p', tensor = 't' };
+  // withheld: the expected side of a tensor check, which a graded student's process does not compute
+  // (the judge compares the student's actual side against its own expected side).
+  enum class Tag : uint8_t { integer = 'i', natural = 'u', real = 'f', text = 's', opaque = 'p', tensor = 't',
+                             withheld = 'w' };
   Tag tag = Tag::opaque;
   int64_t integer = 0;
   uint64_t natural = 0;

@@ -270,6 +270,24 @@ namespace detail {
                          {judged::tensor_operand(actual), judged::tensor_operand(expected)}, own);
 }
 
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const Expected& expected, double rtol,
+                                         double atol, const char* file, int line) {
+  if (judged::computes_expected()) return tensors_close(actual, expected(), rtol, atol, file, line);
+  judged::Operand withheld;
+  withheld.tag = judged::Operand::Tag::withheld;
+  return judged::observe(judged::Kind::tensors_close, file, line, {judged::tensor_operand(actual), withheld},
+                         ::testing::AssertionSuccess(), atol, rtol);
+}
+
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const Expected& expected, const char* file,
+                                         int line) {
+  if (judged::computes_expected()) return tensors_equal(actual, expected(), file, line);
+  judged::Operand withheld;
+  withheld.tag = judged::Operand::Tag::withheld;
+  return judged::observe(judged::Kind::tensors_equal, file, line, {judged::tensor_operand(actual), withheld},
+                         ::testing::AssertionSuccess());
+}
+
 ::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts,
                                        const char* file, int line) {
   std::string expected;  // the parts, one a line: the observation's second operand

@@ -40,6 +40,21 @@ class TempDir {
 ::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected,
                                          const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
+// The same two checks with the expected side given as a function, called after the actual side is
+// computed and only where it is compared: in a plain run and in the judge's, never in the process
+// that runs a graded student's code (the judge compares the student's actual side against its own
+// expected side). Write the expected side this way whenever it is the answer computed another way:
+//   EXPECT_TRUE(tensors_close(ck::matmul(a, b, version), [&] { return torch::mm(a, b); }, 1e-4, 1e-4));
+// With the expected side computed first (g++ evaluates a call's arguments last to first), torch::mm's
+// result would lie in the CUDA allocator's blocks while the student's matmul runs, and a kernel that
+// looks for it there could copy it and compute nothing.
+using Expected = std::function<torch::Tensor()>;
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const Expected& expected, double rtol,
+                                         double atol, const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE());
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const Expected& expected,
+                                         const char* file = __builtin_FILE(), int line = __builtin_LINE());
+
 // Runs `fn` and checks that it throws std::exception whose message contains every one of `parts`.
 ::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts,
                                        const char* file = __builtin_FILE(), int line = __builtin_LINE());
