@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "support.hpp"
 
@@ -51,6 +53,37 @@ TEST(Judged, AnExpectedSideGivenAsAFunctionIsComputedByTheJudgeOnly) {
   // The student's code run alone (no reference in its binary): the expected side is computed there,
   // and the student is shown the difference.
   EXPECT_EXIT(as_student(observations, wrong, true), testing::ExitedWithCode(1 + 2), "");
+}
+
+// Checks made on several threads at once (a test's rank threads) reach the judge whole, and the
+// judge takes each student observation once.
+bool check_on_threads(int threads, int checks) {
+  std::vector<std::thread> pool;
+  std::vector<int> passed(threads, 0);
+  for (int i = 0; i < threads; ++i)
+    pool.emplace_back([&, i] {
+      for (int c = 0; c < checks; ++c) passed[i] += check_doubled(torch::arange(4, torch::kFloat32) * 2) ? 1 : 0;
+    });
+  for (auto& thread : pool) thread.join();
+  for (int count : passed)
+    if (count != checks) return false;
+  return true;
+}
+
+TEST(Judged, ChecksFromSeveralThreadsAreEachJudgedOnce) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  TempDir dir;
+  const std::string observations = dir.file("observations");
+  auto student = [&] {
+    judged::become_student(::open(observations.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    std::exit(check_on_threads(8, 1000) ? 0 : 1);
+  };
+  auto judge = [&] {
+    judged::become_judge(observations);
+    std::exit(check_on_threads(8, 1000) && judged::unconsumed().empty() ? 0 : 1);
+  };
+  EXPECT_EXIT(student(), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(judge(), testing::ExitedWithCode(0), "");
 }
 
 // A forged stream whose first operand, the student's actual side, is withheld too: nothing would

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "support.hpp"
@@ -25,6 +26,9 @@ namespace {
 Role current_role = Role::plain;
 int student_fd = -1;
 bool student_computes_expected = false;
+// Checks made on several threads at once (a test's rank threads): one frame, or one observation
+// taken from the student's run, at a time.
+std::mutex stream_mutex;
 
 // A tensor of more elements than this crosses as an even sample of kSampled of them, from an
 // offset the grading run's seed sets (the judge samples its own the same way), so that a check on
@@ -71,6 +75,7 @@ class Writer {
 
 void send_frame(char type, const std::string& payload) {
   if (student_fd < 0) return;
+  std::lock_guard<std::mutex> lock(stream_mutex);  // a frame over PIPE_BUF is written in pieces
   Writer frame;
   frame.u32(static_cast<uint32_t>(payload.size() + 1));
   frame.u8(static_cast<uint8_t>(type));
@@ -417,6 +422,7 @@ Operand tensor_operand(const torch::Tensor& value) {
     return own;
   }
   if (current_role != Role::judge) return own;
+  std::unique_lock<std::mutex> lock(stream_mutex);
   if (!student_run.unreadable.empty()) return ::testing::AssertionFailure() << student_run.unreadable;
   if (student_run.desynchronized) return ::testing::AssertionFailure() << "(after the difference above)";
   ++student_run.consumed;
@@ -444,6 +450,7 @@ Operand tensor_operand(const torch::Tensor& value) {
       student_run.desynchronized = true;
       return ::testing::AssertionFailure() << "your run's check at " << file << ":" << line << " has operands of other kinds";
     }
+  lock.unlock();
   return decide(theirs, mine, own, tolerance, rtol);
 }
 
