@@ -1,13 +1,14 @@
 // What crosses from a graded student's process to the judge's (tests/support/judged.hpp), for a
 // tensor check whose expected side is given as a function: the student's process never computes
 // it, so the student's code cannot find the answer in its own memory; the judge computes its own.
-// Each side runs in a forked child process (a death test): the role is the whole process's.
+// Each side runs in a forked child process (a death test): the role is the whole process's. The
+// children leave by _exit: a forked child has none of the parent's threads, and the destructors
+// std::exit runs would wait for torch's.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -29,13 +30,13 @@ bool check_doubled(const torch::Tensor& actual) {
 void as_student(const std::string& observations, const torch::Tensor& actual, bool computes_expected) {
   judged::become_student(::open(observations.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), computes_expected);
   const bool passed = check_doubled(actual);
-  std::exit((passed ? 0 : 1) + (expected_computed ? 2 : 0));  // 0: passed, and the answer was never computed
+  _exit((passed ? 0 : 1) + (expected_computed ? 2 : 0));  // 0: passed, and the answer was never computed
 }
 
 void as_judge(const std::string& observations) {
   judged::become_judge(observations);
   const bool passed = check_doubled(torch::arange(4, torch::kFloat32) * 2);  // the reference's actual side
-  std::exit(passed ? 0 : 1);
+  _exit(passed ? 0 : 1);
 }
 
 TEST(Judged, AnExpectedSideGivenAsAFunctionIsComputedByTheJudgeOnly) {
@@ -76,11 +77,11 @@ TEST(Judged, ChecksFromSeveralThreadsAreEachJudgedOnce) {
   const std::string observations = dir.file("observations");
   auto student = [&] {
     judged::become_student(::open(observations.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
-    std::exit(check_on_threads(8, 1000) ? 0 : 1);
+    _exit(check_on_threads(8, 1000) ? 0 : 1);
   };
   auto judge = [&] {
     judged::become_judge(observations);
-    std::exit(check_on_threads(8, 1000) && judged::unconsumed().empty() ? 0 : 1);
+    _exit(check_on_threads(8, 1000) && judged::unconsumed().empty() ? 0 : 1);
   };
   EXPECT_EXIT(student(), testing::ExitedWithCode(0), "");
   EXPECT_EXIT(judge(), testing::ExitedWithCode(0), "");
