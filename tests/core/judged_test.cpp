@@ -87,6 +87,35 @@ TEST(Judged, ChecksFromSeveralThreadsAreEachJudgedOnce) {
   EXPECT_EXIT(judge(), testing::ExitedWithCode(0), "");
 }
 
+// A forged stream that withholds the second operand of a check that gives it as a tensor: in a
+// check written expected-first the second operand is the student's output, and withholding it
+// would skip the judge's only look at it. The judge accepts a withheld operand only where its own
+// check gave the expected side as a function.
+bool check_plain_tensor(const torch::Tensor& value) {
+  return static_cast<bool>(tensors_close(torch::arange(4, torch::kFloat32) * 2, value, 0, 1e-6, "judged_test.cpp", 2));
+}
+
+TEST(Judged, AWithheldOperandOfACheckWithoutAFunctionFails) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  TempDir dir;
+  const std::string observations = dir.file("observations");
+  auto student = [&] {  // the attacker: the check at line 2 observed with its second operand withheld
+    judged::become_student(::open(observations.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    judged::Operand withheld;
+    withheld.tag = judged::Operand::Tag::withheld;
+    judged::observe(judged::Kind::tensors_close, "judged_test.cpp", 2,
+                    {judged::tensor_operand(torch::arange(4, torch::kFloat32) * 2), withheld},
+                    ::testing::AssertionSuccess(), 1e-6, 0);
+    _exit(0);
+  };
+  auto judge = [&] {
+    judged::become_judge(observations);
+    _exit(check_plain_tensor(torch::arange(4, torch::kFloat32) * 2) ? 0 : 1);
+  };
+  EXPECT_EXIT(student(), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(judge(), testing::ExitedWithCode(1), "");
+}
+
 // A forged stream whose first operand, the student's actual side, is withheld too: nothing would
 // be compared, so the judge fails it.
 TEST(Judged, AWithheldActualSideFails) {

@@ -408,7 +408,8 @@ Operand tensor_operand(const torch::Tensor& value) {
 }
 
 ::testing::AssertionResult observe(Kind kind, const char* file, int line, std::vector<Operand> operands,
-                                   ::testing::AssertionResult own, double tolerance, double rtol) {
+                                   ::testing::AssertionResult own, double tolerance, double rtol,
+                                   bool expected_as_function) {
   Observation mine{kind, file, static_cast<uint32_t>(line), static_cast<bool>(own), std::move(operands)};
   if (current_role == Role::student) {
     Writer out;
@@ -440,8 +441,9 @@ Operand tensor_operand(const torch::Tensor& value) {
                                          << student_run.consumed << " is at " << theirs.file << ":" << theirs.line
                                          << ", the reference's at " << file << ":" << line;
   }
-  // Only a tensor check's expected side may be withheld, and only by the student's process.
-  const bool withheld_expected = (kind == Kind::tensors_close || kind == Kind::tensors_equal) &&
+  // Only the expected side of a tensor check that gives it as a function may be withheld.
+  const bool withheld_expected = expected_as_function &&
+                                 (kind == Kind::tensors_close || kind == Kind::tensors_equal) &&
                                  theirs.operands.size() == 2 && theirs.operands[1].tag == Operand::Tag::withheld &&
                                  mine.operands[1].tag == Operand::Tag::tensor;
   for (size_t i = 0; i < mine.operands.size() && kind != Kind::throws; ++i)

@@ -92,9 +92,12 @@ Operand operand(const T& value) {
 
 // The result gtest reports for one check: `own` (gtest's own verdict on this process's operands)
 // in a plain run; in a student run `own` after the observation is written; in a judge run the
-// verdict on the student's observation (see the top of this file).
+// verdict on the student's observation (see the top of this file). `expected_as_function`: the
+// check's expected side was given as a function, the one case where the student's process may
+// withhold it (for any other check a withheld operand would skip the judge's only look at it).
 ::testing::AssertionResult observe(Kind kind, const char* file, int line, std::vector<Operand> operands,
-                                   ::testing::AssertionResult own, double tolerance = 0, double rtol = 0);
+                                   ::testing::AssertionResult own, double tolerance = 0, double rtol = 0,
+                                   bool expected_as_function = false);
 
 template <Kind kind, typename A, typename B>
 ::testing::AssertionResult compare(const char* file, int line, const char* ea, const char* eb, const A& a, const B& b) {

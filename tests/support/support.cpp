@@ -270,22 +270,36 @@ namespace detail {
                          {judged::tensor_operand(actual), judged::tensor_operand(expected)}, own);
 }
 
+namespace {
+judged::Operand withheld() {
+  judged::Operand operand;
+  operand.tag = judged::Operand::Tag::withheld;
+  return operand;
+}
+}  // namespace
+
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const Expected& expected, double rtol,
                                          double atol, const char* file, int line) {
-  if (judged::computes_expected()) return tensors_close(actual, expected(), rtol, atol, file, line);
-  judged::Operand withheld;
-  withheld.tag = judged::Operand::Tag::withheld;
-  return judged::observe(judged::Kind::tensors_close, file, line, {judged::tensor_operand(actual), withheld},
-                         ::testing::AssertionSuccess(), atol, rtol);
+  if (!judged::computes_expected())
+    return judged::observe(judged::Kind::tensors_close, file, line, {judged::tensor_operand(actual), withheld()},
+                           ::testing::AssertionSuccess(), atol, rtol, /*expected_as_function=*/true);
+  const torch::Tensor want = expected();
+  auto own = detail::tensors_close(actual, want, rtol, atol);
+  if (judged::role() == judged::Role::plain) return own;
+  return judged::observe(judged::Kind::tensors_close, file, line,
+                         {judged::tensor_operand(actual), judged::tensor_operand(want)}, own, atol, rtol, true);
 }
 
 ::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const Expected& expected, const char* file,
                                          int line) {
-  if (judged::computes_expected()) return tensors_equal(actual, expected(), file, line);
-  judged::Operand withheld;
-  withheld.tag = judged::Operand::Tag::withheld;
-  return judged::observe(judged::Kind::tensors_equal, file, line, {judged::tensor_operand(actual), withheld},
-                         ::testing::AssertionSuccess());
+  if (!judged::computes_expected())
+    return judged::observe(judged::Kind::tensors_equal, file, line, {judged::tensor_operand(actual), withheld()},
+                           ::testing::AssertionSuccess(), 0, 0, /*expected_as_function=*/true);
+  const torch::Tensor want = expected();
+  auto own = detail::tensors_equal(actual, want);
+  if (judged::role() == judged::Role::plain) return own;
+  return judged::observe(judged::Kind::tensors_equal, file, line,
+                         {judged::tensor_operand(actual), judged::tensor_operand(want)}, own, 0, 0, true);
 }
 
 ::testing::AssertionResult throws_with(const std::function<void()>& fn, std::initializer_list<std::string> parts,
