@@ -14,6 +14,14 @@ checkout is unchanged, and that no test's log is over 1 MB.
 
 Needs root (the grader isolates student code only then) and an instructor checkout (solution/);
 exits 77 (ctest: skipped) without them. ctest: grading_adversarial.
+
+Each case is proved once per set of inputs. Its outcome is recorded in tests/certified/adversarial.json
+with the digest of what it rests on: the case's own text and target, the grader, the core, the
+target lab's code and its graded tests' file, the machine's software, and what the sandbox can do here
+(root, namespaces, seccomp, the GPUs given). A run grades again every case whose digest moved or whose
+outcome was not ok, plus SPOT_CHECKS cases picked at random among the rest (a recorded outcome a fresh
+run contradicts discards the record), and writes the record again: commit it with the change
+(--full grades every case; --only grades the chosen ones and leaves the record as it is).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import json
 import os
 import pathlib
 import pwd
+import random
 import re
 import shutil
 import socket
@@ -34,7 +43,12 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+import amplab_certified as certified  # noqa: E402
+import amplab_labs  # noqa: E402
 import amplab_rubric as rubric  # noqa: E402
+import amplab_sandbox as sandbox  # noqa: E402
+
+SPOT_CHECKS = 1  # cases whose record holds that are graded again anyway
 
 LAB = "amp_training"
 FILE = "grad_scaler.cpp"
@@ -318,6 +332,15 @@ def with_body(body, includes=True):
     return (INCLUDES if includes else "") + text
 
 
+# The reference's source read by the assembler into the student's object (its path built from the
+# checkout being graded, where the grader compiles), then printed by TODO 1: without the screen's
+# refusal of inline assembly its lines reach the output, which every case checks.
+INCBIN = INCLUDES + (
+    'asm(".pushsection .rodata\\n.globl amplab_blob\\namplab_blob:\\n.incbin \\"'
+    + str(ROOT / "solution" / LAB / FILE) + '\\"\\n.byte 0\\n.popsection");\n'
+    'extern "C" const char amplab_blob[];\n')
+PRINT_INCBIN = "  std::cout << amplab_blob << std::endl;\n  return loss;\n"
+
 # The cheats in a TODO's body end with `return loss;`: without the cheat that earns the points of
 # the one test it passes honestly (a disabled scaler passes the loss through).
 PASS_THROUGH = ("only", ["AmpTraining1_Scale.DisabledIsAPassThrough"])
@@ -332,8 +355,9 @@ CASES = {
                                             "a static initializer asks for the reference in every hole"),
     "include the solution": ('#include "../../solution/amp_training/grad_scaler.cpp"\n', "zero",
                              "the whole file is the reference, by #include"),
-    "incbin the solution": (starter_text() + 'asm(".incbin \\"/work/main/solution/amp_training/grad_scaler.cpp\\"");\n',
-                            "zero", "the assembler reads the reference into the binary"),
+    "incbin the solution": (INCBIN + with_body(PRINT_INCBIN, includes=False), REFUSED,
+                            "the assembler reads the reference (by its path in the checkout graded) into the binary, "
+                            "and TODO 1 prints it"),
     "forged report": (starter_text() + INCLUDES + FORGE_REPORT, "zero",
                       "a static initializer writes a passing gtest report and verdict lines, then exits 0"),
     "leak the answers": (starter_text() + INCLUDES + LEAK, "zero",
@@ -717,6 +741,43 @@ def run_case(name, source, kind, target, secrets, work, listener, autograder=Non
     return problems, seconds
 
 
+def case_inputs(names, gpus, autograder):
+    """{case name: {"parts": ..., "digest": ...}}: what each case's outcome rests on (see the docstring)."""
+    inputs = certified.Inputs.of(ROOT, None, amplab_labs.mechanism_labs(), ROOT / "build")
+    seccomp = (ROOT / "build" / "CMakeCache.txt").is_file() and \
+        "AMPLAB_SECCOMP_LIBRARY:FILEPATH=/" in (ROOT / "build" / "CMakeCache.txt").read_text(errors="replace")
+    machine = certified.text_digest(json.dumps({"root": os.geteuid() == 0, "namespaces": sandbox.namespaces_work(),
+                                                "seccomp": seccomp, "gpus": gpus, "autograder": bool(autograder)}))
+    out = {}
+    for name in names:
+        source, kind, what, *target = CASES[name]
+        target = target[0] if target else DEFAULT_TARGET
+        lab = target["lab"]
+        parts = dict(inputs.shared, machine=machine, lab=inputs.lab(lab),
+                     tests=certified.digest_of(ROOT, [f"tests/labs/{lab}_test.cpp", f"labs/{lab}/rubric.yaml"]),
+                     case=certified.text_digest(name, source, json.dumps(kind), json.dumps(target, sort_keys=True),
+                                                json.dumps(EXTRA_FILES.get(name, {}), sort_keys=True)))
+        out[name] = {"parts": parts, "digest": certified.text_digest(*(f"{k}={v}" for k, v in sorted(parts.items())))}
+    return out
+
+
+def cases_to_grade(chosen, current, full):
+    """(the cases to grade, the recorded entries kept as they are, a line on what was decided)."""
+    recorded, found = ({}, "--full: the record is not read") if full else certified.load("adversarial")
+    kept = {n: recorded[n] for n in chosen if n in recorded and recorded[n].get("digest") == current[n]["digest"]
+            and recorded[n].get("status") == "ok"}
+    again = [n for n in chosen if n not in kept]
+    spot = random.SystemRandom().sample(sorted(kept), min(SPOT_CHECKS, len(kept))) if kept else []
+    moved = {}
+    for n in again:
+        for part in certified.moved_parts(recorded.get(n), current[n]):
+            moved[part] = moved.get(part, 0) + 1
+    line = (f"{found}; {len(kept) - len(spot)} case(s) reused, {len(again)} graded again"
+            + (f" ({', '.join(f'{p}: {c}' for p, c in sorted(moved.items()))})" if moved else "")
+            + (f", spot check: {', '.join(spot)}" if spot else ""))
+    return [n for n in chosen if n in again or n in spot], {n: kept[n] for n in kept if n not in spot}, spot, line
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="the cases whose name contains this (several: a,b)")
@@ -725,6 +786,7 @@ def main() -> int:
                         "tests are not run, and a case scores only its CPU tests)")
     parser.add_argument("--autograder", metavar="DIR", help="grade through Gradescope's zip set up in DIR (DIR/source "
                         "holds setup.sh and run_autograder, run as Gradescope runs them)")
+    parser.add_argument("--full", action="store_true", help="grade every case, whatever tests/certified/adversarial.json says")
     args = parser.parse_args()
     if args.list:
         for name, (_, kind, what, *_) in CASES.items():
@@ -743,7 +805,14 @@ def main() -> int:
     failed = 0
     listener = Listener()
     chosen = {n: c for n, c in CASES.items() if not args.only or any(o in n for o in args.only.split(","))}
+    current = case_inputs(chosen, args.gpus, args.autograder)
+    to_grade, kept, spot, line = cases_to_grade(list(chosen), current, args.full or bool(args.only))
+    print(f"adversarial: {line}", flush=True)
+    outcomes = {}
+    started = time.monotonic()
     for name, (source, kind, what, *target) in chosen.items():
+        if name not in to_grade:
+            continue
         listener.reached = False
         with tempfile.TemporaryDirectory(prefix="amplab-adversarial-") as tmp:
             problems, seconds = run_case(name, source, kind, target[0] if target else DEFAULT_TARGET, secrets,
@@ -752,9 +821,19 @@ def main() -> int:
                                          args.gpus)
         status = "ok" if not problems else "FAIL"
         failed += bool(problems)
+        outcomes[name] = dict(current[name], status=status, message="; ".join(problems)[:300])
         print(f"{status:4}  {name} ({what}; {seconds:.0f} s)" + "".join(f"\n      {p}" for p in problems), flush=True)
     listener.stop = True
-    print(f"{len(chosen) - failed} passed, {failed} failed")
+    contradicted = [n for n in spot if outcomes.get(n, {}).get("status") != "ok"]  # the record said ok
+    if not args.only:  # the record of every case: the fresh outcomes and the ones that held
+        record = {} if contradicted else dict(kept)
+        record.update(outcomes)
+        path = certified.save("adversarial", record)
+        print(f"adversarial: wrote {path.relative_to(ROOT)} ({len(record)} case(s))")
+    for name in contradicted:
+        print(f"adversarial: the record said {name!r} was ok and a fresh run disagrees: the record is discarded")
+    print(f"{len(chosen) - failed} passed ({len(kept)} by the record), {failed} failed, "
+          f"{time.monotonic() - started:.0f} s")
     return 1 if failed else 0
 
 
