@@ -16,8 +16,9 @@ if(AMPLAB_WITH_CUDA)
 endif()
 
 # amplab_read_lab(<lab>): labs/<lab>/lab.yaml, the lab's identity stated once, as
-# AMPLAB_LAB_NAME, AMPLAB_LAB_NUMBER, AMPLAB_LAB_TITLE and AMPLAB_LAB_MECHANISMS in the caller's
-# scope (flat `key: value` lines; scripts/amplab_labs.py reads the same files).
+# AMPLAB_LAB_NAME, AMPLAB_LAB_NUMBER, AMPLAB_LAB_TITLE, AMPLAB_LAB_MECHANISMS and AMPLAB_LAB_TRAINS
+# (optional, default false) in the caller's scope (flat `key: value` lines; scripts/amplab_labs.py
+# reads the same files).
 function(amplab_read_lab lab)
   set(_file ${PROJECT_SOURCE_DIR}/labs/${lab}/lab.yaml)
   if(NOT EXISTS ${_file})
@@ -39,14 +40,22 @@ function(amplab_read_lab lab)
     set(AMPLAB_LAB_${_key} "${_value}" PARENT_SCOPE)
     set(AMPLAB_LAB_${_key} "${_value}")
   endforeach()
+  set(AMPLAB_LAB_TRAINS false PARENT_SCOPE)
+  foreach(line IN LISTS _lines)
+    if(line MATCHES "^trains: *(true|false) *$")
+      set(AMPLAB_LAB_TRAINS ${CMAKE_MATCH_1} PARENT_SCOPE)
+    endif()
+  endforeach()
   if(NOT AMPLAB_LAB_NAME STREQUAL lab)
     message(FATAL_ERROR "labs/${lab}/lab.yaml: name '${AMPLAB_LAB_NAME}' is not its folder's name '${lab}'")
   endif()
 endfunction()
 
-# The labs whose mechanisms the core's trainer runs (apps/common/mechanisms.cpp): those whose
-# lab.yaml says `mechanisms: true`.
+# The labs whose code is the trainer's step (src/amplab/train/step.hpp): those whose lab.yaml says
+# `mechanisms: true`; and the labs that train through the Trainer (`trains: true`), whose binaries
+# and tests link them.
 set(AMPLAB_MECHANISM_LABS "")
+set(AMPLAB_TRAINING_LABS "")
 file(GLOB _amplab_lab_files ${PROJECT_SOURCE_DIR}/labs/*/lab.yaml)
 foreach(_file IN LISTS _amplab_lab_files)
   get_filename_component(_dir ${_file} DIRECTORY)
@@ -57,9 +66,18 @@ foreach(_file IN LISTS _amplab_lab_files)
   if(AMPLAB_LAB_MECHANISMS STREQUAL "true")
     list(APPEND AMPLAB_MECHANISM_LABS ${_lab})
   endif()
+  if(AMPLAB_LAB_TRAINS STREQUAL "true" OR AMPLAB_LAB_MECHANISMS STREQUAL "true")
+    list(APPEND AMPLAB_TRAINING_LABS ${_lab})
+  endif()
 endforeach()
-# Every lab binary links the mechanism labs' code: building some labs (AMPLAB_LABS) builds those too.
-if(AMPLAB_LABS)
+# A lab that trains links the mechanism labs' code: building some labs (AMPLAB_LABS) builds those too.
+set(_amplab_some_lab_trains FALSE)
+foreach(_lab IN LISTS AMPLAB_LABS)
+  if(_lab IN_LIST AMPLAB_TRAINING_LABS)
+    set(_amplab_some_lab_trains TRUE)
+  endif()
+endforeach()
+if(AMPLAB_LABS AND _amplab_some_lab_trains)
   list(APPEND AMPLAB_LABS ${AMPLAB_MECHANISM_LABS})
   list(REMOVE_DUPLICATES AMPLAB_LABS)
 endif()
@@ -132,13 +150,16 @@ else()
   set(AMPLAB_REFERENCE_VARIANT solution)
 endif()
 
-# amplab_link_mechanisms(<target> [<lab> <variant>]): links the trainer's mechanisms into
-# <target>: the reference variant of every mechanism lab, except <lab>, whose <variant> it takes
-# (the lab a binary is built or graded for).
+# amplab_link_mechanisms(<target> [<lab> <variant>]): links the trainer's step (the functions
+# src/amplab/train/step.hpp declares) into <target>: the reference variant of every mechanism lab,
+# except <lab>, whose <variant> it takes (the lab a binary is built or graded for). The one choice of
+# which code a step runs, made here, at link time. A lab that does not train (lab.yaml) links none.
 function(amplab_link_mechanisms target)
   set(_own_lab "${ARGV1}")
   set(_own_variant "${ARGV2}")
-  target_link_libraries(${target} PRIVATE amplab_mechanisms)
+  if(_own_lab AND NOT _own_lab IN_LIST AMPLAB_TRAINING_LABS)
+    return()
+  endif()
   foreach(mechanism_lab IN LISTS AMPLAB_MECHANISM_LABS)
     if(mechanism_lab STREQUAL _own_lab)
       target_link_libraries(${target} PRIVATE amplab_${mechanism_lab}_${_own_variant})
@@ -191,7 +212,7 @@ function(amplab_add_lab lab)
   file(GLOB _app_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/apps/${lab}/*.cpp ${PROJECT_SOURCE_DIR}/labs/${lab}/*.cpp)
   if(_app_srcs)
     add_library(amplab_${lab}_app OBJECT ${_app_srcs})
-    target_include_directories(amplab_${lab}_app PRIVATE ${PROJECT_SOURCE_DIR}/labs/${lab} ${PROJECT_SOURCE_DIR}/apps/common
+    target_include_directories(amplab_${lab}_app PRIVATE ${PROJECT_SOURCE_DIR}/labs/${lab}
                                                          ${PROJECT_BINARY_DIR}/generated/labs/${lab})
     amplab_torch_target(amplab_${lab}_app)
     amplab_lab_variants(_variants ${lab})

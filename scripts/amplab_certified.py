@@ -23,8 +23,9 @@ they run on: the student's test binary of the variant, and the judge. Both are b
     close) counts as a whole for each of its tests;
   - the lab (`lab`): every file of labs/<lab>/ but its instructor notes and fault cases, apps/<lab>/,
     configs/<lab>.yaml, solution/<lab>/ and starter/<lab>/ whole (the judge links the whole
-    reference), and the same of every mechanism lab (lab.yaml `mechanisms: true`) the binaries link;
-  - what every lab shares (`core`): src/, cmake/, the CMake files, apps/common/, tests/support/,
+    reference), and the same of every mechanism lab (lab.yaml `mechanisms: true`) its binaries link
+    (those of a lab that trains, lab.yaml `trains: true`);
+  - what every lab shares (`core`): src/, cmake/, the CMake files, tests/support/,
     tests/fixtures/, the plotting and registry scripts, every labs/*/lab.yaml;
   - the grader (`grader`): scripts/grade, scripts/amplab_*.py, the untrusted compiler's wrapper,
     make-starter.py (it writes the variants) and tests/grading/;
@@ -53,6 +54,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import amplab_labs  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORD_DIR = ROOT / "tests" / "certified"
 FORMAT = 1
@@ -64,7 +68,7 @@ CERTIFIED = ("failed", "timeout", "crashed", "missing", "killed", "error")
 PACKAGES = ("libyaml-cpp-dev", "libspdlog-dev", "libfmt-dev", "libgtest-dev", "libgmock-dev", "libcli11-dev",
             "zlib1g-dev", "nlohmann-json3-dev", "libseccomp-dev", "bubblewrap", "dataset-fashion-mnist", "ninja-build")
 
-CORE_PARTS = ("src/", "cmake/", "CMakeLists.txt", "CMakePresets.json", "apps/CMakeLists.txt", "apps/common/",
+CORE_PARTS = ("src/", "cmake/", "CMakeLists.txt", "CMakePresets.json", "apps/CMakeLists.txt",
               "tests/CMakeLists.txt", "tests/labs/CMakeLists.txt", "tests/support/", "tests/fixtures/",
               "scripts/plot.py", "scripts/images.py", "scripts/amplab_labs.py")
 GRADER_PARTS = ("scripts/grade", "scripts/amplab-compile-untrusted", "scripts/make-starter.py", "tests/grading/")
@@ -244,7 +248,6 @@ class Inputs:
     """The digests of the parts every run shares, computed once; each run's from them (entry())."""
     root: pathlib.Path
     extra_dir: pathlib.Path | None
-    mechanism_labs: list
     toolchain: dict = dataclasses.field(default_factory=dict)
     files: list = dataclasses.field(default_factory=list)
     shared: dict = dataclasses.field(default_factory=dict)
@@ -252,8 +255,8 @@ class Inputs:
     _tests: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, root, extra_dir, mechanism_labs, build=None):
-        inputs = cls(pathlib.Path(root), pathlib.Path(extra_dir) if extra_dir else None, list(mechanism_labs))
+    def of(cls, root, extra_dir, build=None):
+        inputs = cls(pathlib.Path(root), pathlib.Path(extra_dir) if extra_dir else None)
         inputs.toolchain = toolchain(inputs.root, build)
         inputs.files = tracked_files(inputs.root)
         inputs.shared = {
@@ -268,7 +271,7 @@ class Inputs:
     def lab(self, lab: str) -> str:
         if lab not in self._labs:
             names = set(lab_file_names(self.files, lab))
-            for other in self.mechanism_labs:
+            for other in amplab_labs.linked_mechanism_labs(lab, self.root):
                 names |= set(lab_file_names(self.files, other))
             self._labs[lab] = digest_of(self.root, names)
         return self._labs[lab]

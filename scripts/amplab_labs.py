@@ -6,7 +6,9 @@ A lab.yaml is flat `key: value` lines (comments start with #), so that CMake rea
     name: amp_training          # the lab's folders: labs/, solution/, starter/, apps/, configs/<name>.yaml
     number: 2                   # its place in the course ("Lab 2: ...")
     title: "AMP training, ..."  # what the binary prints first and --help shows
-    mechanisms: true            # every lab binary's Trainer runs this lab's code
+    mechanisms: true            # the trainer's step is this lab's code (src/amplab/train/step.hpp)
+    trains: true                # optional: its binary and tests train through the core's Trainer, so
+                                # they link the mechanism labs' code (default false)
     ranks: 2                    # optional: scripts/run.sh starts this many ranks (amplab-run), one per
                                 # GPU where there are GPUs (at most as many as there are), else CPU ranks
 """
@@ -17,7 +19,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEYS = ("name", "number", "title", "mechanisms")
-OPTIONAL_KEYS = ("ranks",)
+OPTIONAL_KEYS = ("ranks", "trains")
 
 
 class LabFileError(Exception):
@@ -31,6 +33,7 @@ class LabInfo:
     title: str
     mechanisms: bool
     ranks: int = 1
+    trains: bool = False
 
     @property
     def full_title(self):
@@ -51,12 +54,14 @@ def read_lab(path: pathlib.Path) -> LabInfo:
         raise LabFileError(f"{path}: no {', '.join(missing)}")
     if values["name"] != path.parent.name:
         raise LabFileError(f"{path}: name {values['name']} is not its folder's name ({path.parent.name})")
-    if not values["number"].isdigit() or values["mechanisms"] not in ("true", "false"):
-        raise LabFileError(f"{path}: number must be a whole number and mechanisms true or false")
+    if not values["number"].isdigit() or values["mechanisms"] not in ("true", "false") or \
+            values.get("trains", "false") not in ("true", "false"):
+        raise LabFileError(f"{path}: number must be a whole number, mechanisms and trains true or false")
     ranks = values.get("ranks", "1")
     if not ranks.isdigit() or int(ranks) < 1:
         raise LabFileError(f"{path}: ranks must be a whole number of at least 1, not {ranks!r}")
-    return LabInfo(values["name"], int(values["number"]), values["title"], values["mechanisms"] == "true", int(ranks))
+    return LabInfo(values["name"], int(values["number"]), values["title"], values["mechanisms"] == "true", int(ranks),
+                   values.get("trains", "false") == "true")
 
 
 def all_labs(root: pathlib.Path = ROOT) -> list:
@@ -81,8 +86,15 @@ def labs_or_exit(root: pathlib.Path = ROOT) -> list:
 
 
 def mechanism_labs(root: pathlib.Path = ROOT) -> list:
-    """The labs whose code every lab binary's Trainer runs (they are built wherever any lab is)."""
+    """The labs whose code is the trainer's step (built wherever a lab that trains is)."""
     return [lab.name for lab in labs_or_exit(root) if lab.mechanisms]
+
+
+def linked_mechanism_labs(lab: str, root: pathlib.Path = ROOT) -> list:
+    """The mechanism labs whose code `lab`'s binary and tests link: every one when it trains (or is
+    one), none otherwise."""
+    info = {l.name: l for l in labs_or_exit(root)}
+    return mechanism_labs(root) if lab in info and (info[lab].trains or info[lab].mechanisms) else []
 
 
 if __name__ == "__main__":

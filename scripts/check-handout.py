@@ -31,15 +31,15 @@ END = re.compile(r"^\s*// END SOLUTION")
 TEXT_SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".cuh", ".py", ".md", ".yaml", ".yml", ".sh", ".txt", ".cmake", ".json"}
 
 # What only a lab's solution may define: (mechanism, regex over the core's sources). Functions
-# are matched where they are declared or defined (at namespace scope, column 0), not where the
-# core calls them through its contracts.
+# are matched where they are defined (at namespace scope, column 0, a line not ending in ';'),
+# not where the core declares them as its contract (src/amplab/train/step.hpp) or calls them.
 MECHANISMS = [
     ("the GradScaler (lab 2)", re.compile(r"\bclass\s+GradScaler\b|_amp_update_scale_|_amp_foreach_non_finite_check_and_unscale_")),
     ("the training step (lab 2)", re.compile(r"\.scale\([^)]*\)\s*\.backward\(")),
-    ("activation checkpointing (lab 3)", re.compile(r"^\w.*\bcheckpoint_sequential\s*\(|\bCheckpointFunction\b")),
-    ("the memory estimate (lab 3)", re.compile(r"^\w.*\bestimate_memory\s*\(")),
-    ("the batch-size finder (lab 3)", re.compile(r"^\w.*\bfind_batch_size\s*\(")),
-    ("gradient accumulation (lab 3)", re.compile(r"^\w.*\baccumulate_gradients\s*\(")),
+    ("activation checkpointing (lab 3)", re.compile(r"^\w(?!.*;\s*$).*\bcheckpoint_sequential\s*\(|\bCheckpointFunction\b")),
+    ("the memory estimate (lab 3)", re.compile(r"^\w(?!.*;\s*$).*\bestimate_memory\s*\(")),
+    ("the batch-size finder (lab 3)", re.compile(r"^\w(?!.*;\s*$).*\bfind_batch_size\s*\(")),
+    ("gradient accumulation (lab 3)", re.compile(r"^\w(?!.*;\s*$).*\baccumulate_gradients\s*\(")),
     ("DDP's gradient synchronization (lab 5)",
      re.compile(r"\bclass\s+(DistributedDataParallel|\w+Ddp)\b|\bPostAccumulateGradHook\b|\bset_post_acc_grad_hooks\b"
                 r"|\ball_reduce\w*\(.*\bgrad|\bgradient_as_bucket_view\b")),

@@ -27,7 +27,6 @@
 #include "amplab/train/precision.hpp"
 #include "config.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
-#include "mechanisms.hpp"
 #include "workloads.hpp"
 
 namespace {
@@ -106,12 +105,10 @@ void run_precisions(AmpLab& lab, uint64_t seed, std::string& shapes, std::vector
     for (const auto& name : amp.precisions) {
       Precision precision = amplab::enum_from_string<Precision>(name, "amp.precisions");
       lab.phase(model_name + " " + name);
-      rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab.config, lab.device,
-                                   amplab::course_mechanisms(), amplab::make_fast_path_optimizer));
+      rows.push_back(run_precision(w, precision, /*with_scaler=*/true, lab.config, lab.device, amplab::make_fast_path_optimizer));
       if (precision != Precision::fp16_mixed || !amp.scaler_cost || !rows.back().ran()) continue;
       lab.phase(model_name + " " + name + " (no scaler)");
-      rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab.config, lab.device,
-                                   amplab::course_mechanisms(), amplab::make_fast_path_optimizer));
+      rows.push_back(run_precision(w, precision, /*with_scaler=*/false, lab.config, lab.device, amplab::make_fast_path_optimizer));
     }
   }
 }
@@ -261,7 +258,7 @@ void record_overflow_trace(AmpLab& lab, uint64_t seed) {
   };
   amplab::TrainConfig train = lab.config.train.for_row(precision, "on");
   train.grad_scaler.growth_interval = c.growth_interval;
-  amplab::Trainer training(net, loss_fn, train, lab.device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
+  amplab::Trainer training(net, loss_fn, train, lab.device, {}, amplab::make_fast_path_optimizer);
   const auto parameters = training.parameters();
   for (int64_t step = 0; step < c.steps; ++step) {
     overflow = std::find(c.overflow_at.begin(), c.overflow_at.end(), step) != c.overflow_at.end();

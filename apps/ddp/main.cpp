@@ -23,7 +23,6 @@
 #include "config.hpp"
 #include "ddp_lab.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
-#include "mechanisms.hpp"
 
 namespace {
 
@@ -31,8 +30,7 @@ using ddp_lab::DdpConfig;
 
 // Trains the MNIST network data-parallel with dist.sync, then checks that every rank holds the
 // same parameters; the epochs and the check go into `results`.
-int train(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::RunDir& run, const std::string& yaml,
-          const amplab::CommandLine& cli, amplab::Results& results) {
+int train(const DdpConfig& config, const ddp_lab::Setup& setup, amplab::FitOptions options, amplab::Results& results) {
   const auto& world = setup.world;
   amplab::MnistData data = amplab::load_mnist(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
@@ -44,21 +42,13 @@ int train(const DdpConfig& config, const ddp_lab::Setup& setup, const amplab::Ru
   auto test_labels = data.test.labels.to(setup.device);
 
   amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); },
-                          config.train, setup.device, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
+                          config.train, setup.device, {}, amplab::make_fast_path_optimizer);
   trainer.set_gradient_sync(sync.get());
   amplab::TensorBatches batches(images, labels,
                                 ddp_lab::make_sampler(images.size(0), config.train.batch_size,
                                                       static_cast<uint64_t>(config.run.seed), world),
                                 setup.device);
-  amplab::FitOptions options;
-  options.lab = amplab::this_lab::kName;
-  options.tag = "mnist";
-  options.config_yaml = yaml;
-  options.data_seed = static_cast<uint64_t>(config.run.seed);
-  options.run_dir = &run;
-  options.checkpoint = amplab::resolved_checkpoint_config(config.checkpoint, config.run, amplab::this_lab::kName);
-  options.resume = cli.resume;  // "auto" after an elastic restart: every rank loads rank 0's latest
-  options.force_resume = cli.force;
+  // --resume "auto" after an elastic restart: every rank loads rank 0's latest
   options.dist = amplab::dist::loop_hooks(setup.comm);
   options.evaluate = [&](int64_t) {
     torch::NoGradGuard no_grad;
@@ -129,9 +119,9 @@ int run_rank(amplab::Lab<DdpConfig>& lab) {
     lab.size_keys = "collectives.sizes_kib";
     code = ddp_lab::run_collectives_bench(config.collectives, setup, lab.results);
   } else if (config.bench.enabled) {
-    code = ddp_lab::run_bench(config, setup, lab.run, lab.results, amplab::course_mechanisms(), amplab::make_fast_path_optimizer);
+    code = ddp_lab::run_bench(config, setup, lab.run, lab.results, amplab::make_fast_path_optimizer);
   } else {
-    code = train(config, setup, lab.run, yaml, lab.cli, lab.results);
+    code = train(config, setup, lab.fit_options("mnist"), lab.results);
   }
   setup.comm->shutdown();  // every rank leaves in order: rank 0 hosts the store
   return code;

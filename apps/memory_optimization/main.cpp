@@ -24,7 +24,6 @@
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
-#include "mechanisms.hpp"
 #include "harness.hpp"
 #include "memory_optimization.hpp"
 #include "runs.hpp"
@@ -395,7 +394,7 @@ int main(int argc, char** argv) {
       check_config,
       [](amplab::Lab<LabConfig>& lab) {
         const auto& mem = lab.config.mem;
-        Harness h(lab.config, lab.device, amplab::course_mechanisms());
+        Harness h(lab.config, lab.device);
         describe_setup(h, lab.results);
         // Each section a phase of its own (gpu_monitor.csv, summary.json's gpu_monitor).
         auto section = [&lab](bool enabled, const char* phase, const std::function<void()>& run) {

@@ -23,7 +23,6 @@
 #include "step_profile.hpp"
 #include "config.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
-#include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "prefetch.hpp"
 #include "weights.hpp"
@@ -78,8 +77,7 @@ class ModeRunner {
       : lab_(lab), data_(data), config_(lab.config), config_yaml_(amplab::to_yaml(lab.config)) {
     // The cpu mode trains with the config's cpu: values (fewer epochs: a CPU epoch takes minutes).
     lab.source.with_overlay("cpu").bind(cpu_config_);
-    checkpoints_ = amplab::resolved_checkpoint_config(config_.checkpoint, config_.run, amplab::this_lab::kName);
-    resume_ = amplab::find_resume_point(lab.cli.resume, checkpoints_.dir, &lab.run, amplab::this_lab::kName);
+    resume_ = amplab::find_resume_point(lab.cli.resume, lab.fit_options("").checkpoint->dir, &lab.run, lab.name);
   }
 
   // The modes run in order; on --resume, the checkpoint names its mode and carries the finished ones.
@@ -112,7 +110,6 @@ class ModeRunner {
   const MnistConfig& config_;
   const std::string config_yaml_;  // every mode's checkpoints record the run's config
   MnistConfig cpu_config_;
-  amplab::CheckpointConfig checkpoints_;  // the checkpoint: section, its directory resolved
   amplab::ResumePoint resume_;
   std::string resume_mode_;
   std::vector<mnist::ModeResult> finished_;
@@ -121,15 +118,8 @@ class ModeRunner {
 };
 
 amplab::FitOptions ModeRunner::fit_options(const mnist::Mode& mode, bool resuming) const {
-  amplab::FitOptions options;
-  options.lab = amplab::this_lab::kName;
-  options.tag = mode.label();
-  options.config_yaml = config_yaml_;
-  options.data_seed = static_cast<uint64_t>(config_.run.seed);
-  options.run_dir = &lab_.run;
-  options.checkpoint = checkpoints_;
-  options.resume = resuming ? resume_.path : "";
-  options.force_resume = lab_.cli.force;
+  amplab::FitOptions options = lab_.fit_options(mode.label());
+  options.resume = resuming ? resume_.path : "";  // the one mode --resume names goes on; the others start
   options.epochs_key = "train.epochs";  // the cpu mode's value comes from the cpu: section or --set
   nlohmann::json done = nlohmann::json::array();
   for (const auto& r : finished_) done.push_back(r);
@@ -158,8 +148,7 @@ mnist::ModeResult ModeRunner::run(const mnist::Mode& mode) {
   mnist::ResidentSplit test = mnist::make_resident(data_.test, device, channels_last);
   if (!config_.mnist.init_weights.empty() && !resuming) load_init_weights(net, config_.mnist.init_weights);
 
-  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config, device,
-                          amplab::course_mechanisms(), config_.memory, amplab::make_fast_path_optimizer);
+  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, train_config, device, config_.memory, amplab::make_fast_path_optimizer);
   const std::unique_ptr<amplab::BatchSource> batches = mnist::make_train_batches(
       config_.mnist.loader, data_.train, train.images, train.labels,
       amplab::EpochSampler(train.size(), train_config.batch_size, static_cast<uint64_t>(config_.run.seed), true,

@@ -30,7 +30,6 @@
 #include "fused_gpt.hpp"
 #include "gpt.hpp"
 #include "lab_identity.hpp"  // this_lab: labs/<lab>/lab.yaml
-#include "mechanisms.hpp"
 
 namespace {
 
@@ -148,7 +147,7 @@ RunResult train_row(const Variant& v, const Setting& s) {
   amplab::MemoryConfig untracked;
   untracked.track = false;
   amplab::Trainer trainer(model.ptr(), [model](const amplab::Batch& b) mutable { return model->loss(b.input, b.target); },
-                          train, s.device, amplab::course_mechanisms(), untracked, gpt_optimizer);
+                          train, s.device, untracked, gpt_optimizer);
   // The fast path's CUDA graph, unless the layers keep host-side state a replay would freeze (the
   // delayed-scaling history's next slot is a host integer).
   const bool host_state = v.linear == tf8::LinearKind::fp8 && options.scaling == tf8::Fp8Scaling::delayed;

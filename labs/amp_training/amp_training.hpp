@@ -1,6 +1,6 @@
 // Lab 2, AMP training: the functions you implement (starter/amp_training/*.cpp). You write the
 // GradScaler (grad_scaler.hpp) and the mixed-precision training step; the core's trainer runs
-// them in every lab (amplab::StepMechanisms: the MNIST lab trains with your step), and the lab
+// them in every lab that trains (amplab/train/step.hpp: the MNIST lab trains with your step), and the lab
 // binary (apps/amp_training) trains the same models with them in fp32, tf32, fp16-mixed and
 // bf16-mixed, measures what each buys and why fp16 needs the scaler; tests/labs/
 // amp_training_test.cpp grades them.
@@ -23,12 +23,12 @@
 
 namespace amp_training {
 
-// TODO(amp_training-6): the loss scaler a training config asks for (amplab::StepMechanisms's
-// make_scaler): a GradScaler with config.grad_scaler's settings, enabled when
+// TODO(amp_training-6): the loss scaler a training config asks for (the trainer makes its scaler
+// with it): a GradScaler with config.grad_scaler's settings, enabled when
 // config.loss_scaling is "on", or "auto" and the precision needs it; disabled otherwise.
 std::unique_ptr<amplab::LossScaler> make_loss_scaler(const amplab::TrainConfig& config);
 
-// TODO(amp_training-7): one training step on one batch (StepMechanisms's train_step), and its
+// TODO(amp_training-7): one training step on one batch (what Trainer::step runs), and its
 // optimizer half (optimizer_step), which gradient accumulation (lab 3) reuses.
 amplab::StepResult train_step(amplab::Trainer& trainer, const amplab::Batch& batch);
 amplab::StepResult optimizer_step(amplab::Trainer& trainer);

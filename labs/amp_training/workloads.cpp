@@ -71,8 +71,7 @@ Workload make_workload(const std::string& name, const AmpLabConfig& amp, torch::
 }
 
 PrecisionResult run_precision(Workload& w, amplab::Precision precision, bool with_scaler, const AmpConfig& config,
-                              torch::Device device, const amplab::StepMechanisms& mechanisms,
-                              const amplab::OptimizerFactory& fused_optimizer) {
+                              torch::Device device, const amplab::OptimizerFactory& fused_optimizer) {
   PrecisionResult r;
   r.model = w.name;
   r.precision = precision;
@@ -84,8 +83,7 @@ PrecisionResult run_precision(Workload& w, amplab::Precision precision, bool wit
   {
     amplab::MemoryConfig untracked;  // the step alone: no per-phase readings
     untracked.track = false;
-    amplab::Trainer trainer(w.model, w.loss_fn, train, device, mechanisms, untracked,
-                            fused_optimizer);
+    amplab::Trainer trainer(w.model, w.loss_fn, train, device, untracked, fused_optimizer);
     r.loss_scaling = trainer.scaler().is_enabled();
     amplab::log::info("timing " + w.name + " " + r.label());
     amplab::reset_peak_memory(device);

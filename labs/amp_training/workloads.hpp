@@ -52,10 +52,9 @@ struct PrecisionResult {
 
 // `warmup` untimed steps, then `repeats` windows of `window` steps queued back to back as a
 // training loop runs them (no host sync inside a window), each window timed as a whole.
-// The Trainer steps with the course's `mechanisms` (your train_step) and train.fast_path as
-// configured: `fused_optimizer` is the fast path's. The app hands both in.
+// The Trainer steps with your train_step and train.fast_path as configured: `fused_optimizer` is
+// the fast path's (the app hands it in).
 PrecisionResult run_precision(Workload& w, amplab::Precision precision, bool with_scaler, const AmpConfig& config,
-                              torch::Device device, const amplab::StepMechanisms& mechanisms,
-                              const amplab::OptimizerFactory& fused_optimizer);
+                              torch::Device device, const amplab::OptimizerFactory& fused_optimizer);
 
 }  // namespace amp_training

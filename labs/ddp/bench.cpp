@@ -117,7 +117,7 @@ void trace_setting(const std::string& setting, const std::function<void()>& step
 // Times the MLP's step under one setting: each step by itself, then back to back.
 BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, const Setup& setup,
                         amplab::GpuMonitor& monitor, const std::string& trace_dir, Timeline& timeline,
-                        const amplab::StepMechanisms& mechanisms, const amplab::OptimizerFactory& fused_optimizer) {
+                        const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   torch::manual_seed(0);
   auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
@@ -145,8 +145,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
     amplab::AutocastGuard off(setup.device, amplab::Precision::fp32);
     return out.sum(torch::kFloat32) / static_cast<double>(b.batch);
   };
-  amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, mechanisms, memory,
-                          fused_optimizer);
+  amplab::Trainer trainer(mlp.ptr(), loss_fn, train, setup.device, memory, fused_optimizer);
   PhaseMarks phases(sync.get(), setup.device, static_cast<size_t>(b.steps), &timeline);
   trainer.set_gradient_sync(&phases);
   // Each rank its own batch, as in data-parallel training: a sync that averaged nothing would
@@ -190,7 +189,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
 }  // namespace
 
 int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir& run, amplab::Results& results,
-              const amplab::StepMechanisms& mechanisms, const amplab::OptimizerFactory& fused_optimizer) {
+              const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   const auto& world = setup.world;
   amplab::GpuMonitor monitor(setup.device);  // this rank's GPU: its clock and power during the timing (all ranks' shown)
@@ -214,7 +213,7 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
   nlohmann::json readings = nlohmann::json::array();  // every rank's GPU while timing, where the tables show medians
   BenchTimes alone;                                   // the first setting's: the plain MLP alone
   for (const BenchSetting& setting : settings) {
-    const BenchTimes t = time_setting(setting, config, setup, monitor, trace_dir, timeline, mechanisms, fused_optimizer);
+    const BenchTimes t = time_setting(setting, config, setup, monitor, trace_dir, timeline, fused_optimizer);
     if (&setting == &settings.front()) alone = t;
     const auto& p = t.phases;
     const auto& q = t.back_to_back_phases;

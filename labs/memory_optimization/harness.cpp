@@ -11,8 +11,8 @@ namespace memory_optimization {
 
 using amplab::Precision;
 
-Harness::Harness(const LabConfig& config, torch::Device device, amplab::StepMechanisms mechanisms)
-    : config(config), mem(config.mem), device(device), mechanisms(std::move(mechanisms)), cpu(!device.is_cuda()),
+Harness::Harness(const LabConfig& config, torch::Device device)
+    : config(config), mem(config.mem), device(device), cpu(!device.is_cuda()),
       memory_source(amplab::memory_is_rss(device) ? "cpu_rss" : "cuda_allocator"), shape(mem.model.shape) {
   torch::manual_seed(static_cast<uint64_t>(config.run.seed));
   model = DeepMlp(shape);
@@ -30,7 +30,7 @@ amplab::Trainer Harness::trainer(Precision precision, bool track) const {
   amplab::MemoryConfig memory;
   memory.track = track;
   return amplab::Trainer(model.ptr(), [m = model](const amplab::Batch& b) mutable { return loss_of(m, b); }, t, device,
-                         mechanisms, memory);
+                         memory);
 }
 
 void Harness::reset(int64_t checkpoint_every) {

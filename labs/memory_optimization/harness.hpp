@@ -22,7 +22,6 @@ struct Harness {
   const LabConfig& config;
   const MemLabConfig& mem;
   torch::Device device;
-  amplab::StepMechanisms mechanisms;  // what the Trainer runs: the course's (the app hands them in)
   bool cpu;
   std::string memory_source;
   DeepMlpOptions shape;
@@ -32,7 +31,7 @@ struct Harness {
   int64_t parameters = 0;
   int64_t cap_bytes = 0;               // GPU memory cap in force (0: none)
 
-  Harness(const LabConfig& config, torch::Device device, amplab::StepMechanisms mechanisms);
+  Harness(const LabConfig& config, torch::Device device);
   // Untracked by default: the tracker resets peaks per phase, it would spoil the step's peak.
   amplab::Trainer trainer(amplab::Precision precision, bool track = false) const;
   void reset(int64_t checkpoint_every);  // the initial parameters, no gradients, checkpointing every k blocks

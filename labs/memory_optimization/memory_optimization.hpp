@@ -187,8 +187,8 @@ BatchSearch find_batch_size(const BatchStep& step, torch::nn::Module& model, tor
 
 // ---- TODO 3: gradient accumulation ------------------------------------------------------------
 
-// TODO(memory_optimization-3): gradient accumulation, the trainer's (amplab::StepMechanisms's
-// accumulate_gradients: what runs when train.accumulation_steps > 1). Accumulates into .grad the
+// TODO(memory_optimization-3): gradient accumulation, the trainer's (what Trainer::step runs
+// when train.accumulation_steps > 1). Accumulates into .grad the
 // gradients of all the group's micro-batches together, as one backward of the whole batch's
 // mean loss would, with one micro-batch's activations alive at a time; returns the mean loss
 // over the whole group (0-dim, detached, on the device). Does not zero .grad first.

@@ -23,6 +23,8 @@
 #include "amplab/measure/trace.hpp"
 #include "amplab/report/results.hpp"
 #include "amplab/report/run_dir.hpp"
+#include "amplab/train/checkpointer.hpp"
+#include "amplab/train/loop.hpp"
 
 namespace amplab {
 
@@ -46,11 +48,12 @@ struct LabInfo {
 // What a lab's body works with.
 template <class Config>
 struct Lab {
-  Lab(Config config, CommandLine cli, ConfigSource source, torch::Device device, RunDir run, dist::WorldInfo world,
-      std::string size_keys)
-      : config(std::move(config)), cli(std::move(cli)), source(std::move(source)), device(device), run(std::move(run)),
-        world(std::move(world)), size_keys(std::move(size_keys)) {}
+  Lab(std::string name, Config config, CommandLine cli, ConfigSource source, torch::Device device, RunDir run,
+      dist::WorldInfo world, std::string size_keys)
+      : name(std::move(name)), config(std::move(config)), cli(std::move(cli)), source(std::move(source)), device(device),
+        run(std::move(run)), world(std::move(world)), size_keys(std::move(size_keys)) {}
 
+  std::string name;      // the lab's (lab.yaml): runs/<name>/, its checkpoints' lab
   Config config;
   CommandLine cli;
   ConfigSource source;   // where(key): the origin of a value, for errors across keys
@@ -79,6 +82,26 @@ struct Lab {
   std::function<bool(bool)> any_rank = nullptr;
 
   bool on_cpu() const { return !device.is_cuda(); }
+
+  // What every fit() of a lab that trains through the core's loop shares: the lab's name and its
+  // resolved config for the checkpoints, the data seed (run.seed), the run directory, the
+  // checkpoint: section with its directory resolved (checkpoint.dir, else
+  // <run.out_dir>/<lab>/checkpoints), and --resume and --force as given. The caller adds the tag,
+  // the evaluation, the distributed hooks and the fast path's step.
+  FitOptions fit_options(const std::string& tag)  // not const: to_yaml walks the config's fields()
+    requires requires(Config& c) { c.checkpoint; c.run; }
+  {
+    FitOptions options;
+    options.lab = name;
+    options.tag = tag;
+    options.config_yaml = to_yaml(config);
+    options.data_seed = static_cast<uint64_t>(config.run.seed);
+    options.run_dir = &run;
+    options.checkpoint = resolved_checkpoint_config(config.checkpoint, config.run, name);
+    options.resume = cli.resume;
+    options.force_resume = cli.force;
+    return options;
+  }
   // Labels what the lab does from now on ("" for nothing): in gpu_monitor.csv and summary.json's
   // gpu_monitor, as an NVTX range (Nsight Systems), and with run.trace as trace-<name>.json.
   // A new phase is a safe point: after Ctrl-C the run stops here (Interrupted, signals.hpp).
@@ -201,7 +224,7 @@ int lab_main(int argc, char** argv, const LabInfo& info, const ConfigCheck<Confi
     torch::Device device = detail::start_run(config.run, info.title, world);
     auto gpu_timeline = detail::start_watching(config.run, run, device);
     auto phase_trace = detail::start_phase_trace(config.run, run, device);
-    Lab<Config> lab(std::move(config), cli, std::move(source), device, std::move(run), world, info.size_keys);
+    Lab<Config> lab(info.name, std::move(config), cli, std::move(source), device, std::move(run), world, info.size_keys);
     lab.gpu_timeline = std::move(gpu_timeline);
     lab.phase_trace = std::move(phase_trace);
     const BodyEnd ended = run_lab_body([&] { return body(lab); }, lab.size_keys);

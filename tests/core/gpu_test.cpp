@@ -30,7 +30,6 @@
 #include "amplab/train/precision.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/train/trainer.hpp"
-#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace amplab {
@@ -73,7 +72,7 @@ TEST(GpuTrainer, Fp16SkipsAnOverflowingStepAndBacksOff_CUDA) {
     seen = out.scalar_type();
     auto loss = torch::nn::functional::cross_entropy(out, b.target);
     return poison ? loss * std::numeric_limits<float>::infinity() : loss;
-  }, config, kGpu, course_mechanisms());
+  }, config, kGpu);
   Batch batch{torch::randn({32, 256}, kGpu), torch::randint(0, 10, {32}, torch::dtype(torch::kInt64).device(kGpu))};
   auto r = trainer.step(batch);
   EXPECT_EQ(seen, torch::kHalf);
@@ -112,7 +111,7 @@ TEST(GpuMemory, PhasePeaksOfAKnownMlpMatchTheAnalyticCount_CUDA) {
   net->to(kGpu);
   TrainConfig config;
   config.optimizer.momentum = 0.9;
-  Trainer trainer(net, [&](const Batch& b) { return net->forward(b.input).pow(2).mean(); }, config, kGpu, course_mechanisms());
+  Trainer trainer(net, [&](const Batch& b) { return net->forward(b.input).pow(2).mean(); }, config, kGpu);
   Batch data{torch::randn({batch, width}, kGpu), torch::zeros({batch}, kGpu)};
   for (int i = 0; i < 3; ++i) trainer.step(data);
   const double mib = 1 << 20;
@@ -168,8 +167,8 @@ TEST(GpuCudaGraph, GraphedStepsEqualEagerSteps_CUDA) {
     SCOPED_TRACE(to_string(precision));
     auto [eager_net, graph_net] = twin_mlps_on_gpu(1);
     TrainConfig config = graph_config(precision);
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, {}, make_fast_path_optimizer);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, {}, make_fast_path_optimizer);
     GraphedTrainStep graph(graphed);
     for (int step = 0; step < 8; ++step) {
       Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
@@ -199,8 +198,8 @@ TEST(GpuCudaGraph, GraphedStepsFollowTheLearningRateSchedule_CUDA) {
     if (config.optimizer.name == "adamw") config.optimizer.lr = 0.01;
     config.optimizer.schedule = "linear";
     config.optimizer.warmup = 0.25;
-    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
-    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer eager(eager_net, cross_entropy_of(eager_net), config, kGpu, {}, make_fast_path_optimizer);
+    Trainer graphed(graph_net, cross_entropy_of(graph_net), config, kGpu, {}, make_fast_path_optimizer);
     GraphedTrainStep graph(graphed);
     torch::Tensor initial = graph_net->parameters()[0].detach().clone();
     const int steps = 8;
@@ -235,12 +234,12 @@ TEST(GpuCudaGraph, RefusesOptimizersThatDecideOnTheHost_CUDA) {
   TrainConfig adamw = graph_config(Precision::bf16_mixed);
   adamw.optimizer.name = "adamw";
   adamw.fast_path = false;
-  Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu, course_mechanisms());
+  Trainer plain_adamw(net, cross_entropy_of(net), adamw, kGpu);
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_adamw); }, {"train.fast_path", "a fused optimizer"}));
   TrainConfig scheduled = graph_config(Precision::bf16_mixed);
   scheduled.fast_path = false;
   scheduled.optimizer.schedule = "linear";
-  Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu, course_mechanisms());
+  Trainer plain_sgd(net, cross_entropy_of(net), scheduled, kGpu);
   EXPECT_TRUE(test::throws_with([&] { GraphedTrainStep g(plain_sgd); }, {"train.fast_path", "schedule", "a fused optimizer"}));
 }
 
@@ -255,7 +254,7 @@ TEST(GpuCudaGraph, AStepThatSyncsOnTheHostFailsToCaptureInOneLine_CUDA) {
     EXPECT_TRUE(std::isfinite(loss.item<double>()));  // the host waits for the GPU here
     return loss;
   };
-  Trainer trainer(net, syncing, graph_config(Precision::fp32), kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer trainer(net, syncing, graph_config(Precision::fp32), kGpu, {}, make_fast_path_optimizer);
   GraphedTrainStep graph(trainer, /*warmup_steps=*/2);
   Batch b{torch::randn({64, 256}, kGpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(kGpu))};
   for (int i = 0; i < 2; ++i) graph.step(b);  // eager warm-up steps: fine
@@ -264,7 +263,7 @@ TEST(GpuCudaGraph, AStepThatSyncsOnTheHostFailsToCaptureInOneLine_CUDA) {
   EXPECT_FALSE(graph.captured());
   EXPECT_EQ(torch::ones({8}, kGpu).sum().item<float>(), 8.0f) << "the device after the failed capture";
   EXPECT_TRUE(torch::isfinite(torch::randn({8}, kGpu)).all().item<bool>()) << "its random generator after it";
-  Trainer eager(twin, cross_entropy_of(twin), graph_config(Precision::fp32), kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer eager(twin, cross_entropy_of(twin), graph_config(Precision::fp32), kGpu, {}, make_fast_path_optimizer);
   EXPECT_TRUE(std::isfinite(eager.step(b).loss.item<double>())) << "an eager step after the failed capture";
 }
 
@@ -274,7 +273,7 @@ TEST(GpuCudaGraph, FastPathStepsReplayAGraphInOneProcess_CUDA) {
   AMPLAB_REQUIRE_CUDA();
   auto [net, unused] = twin_mlps_on_gpu(4);
   TrainConfig config = graph_config(Precision::bf16_mixed);
-  Trainer trainer(net, cross_entropy_of(net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer trainer(net, cross_entropy_of(net), config, kGpu, {}, make_fast_path_optimizer);
   FastPathSteps steps = fast_path_steps(trainer);
   ASSERT_TRUE(steps.run_step);
   EXPECT_EQ(steps.description, "fast path on (train.fast_path): fused sgd, one CUDA graph per step");
@@ -284,7 +283,7 @@ TEST(GpuCudaGraph, FastPathStepsReplayAGraphInOneProcess_CUDA) {
   EXPECT_EQ(trainer.global_step(), 4);
   EXPECT_FALSE(fast_path_steps(trainer, /*processes=*/2).run_step);
   config.accumulation_steps = 2;
-  Trainer accumulating(net, cross_entropy_of(net), config, kGpu, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer accumulating(net, cross_entropy_of(net), config, kGpu, {}, make_fast_path_optimizer);
   EXPECT_TRUE(test::throws_with([&] { fast_path_steps(accumulating); },
                                 {"train.fast_path", "train.accumulation_steps=1", "train.fast_path=false"}));
 }

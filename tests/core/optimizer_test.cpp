@@ -22,7 +22,6 @@
 #endif
 #include "amplab/train/trainer.hpp"
 #include "grad_scaler.hpp"  // lab 2's (the reference here)
-#include "mechanisms.hpp"     // the labs' GradScaler, step and accumulation (the reference here)
 #include "support.hpp"
 
 namespace amplab {
@@ -204,9 +203,9 @@ TEST(FastPath, TrainerWithoutTheFastPathsOptimizerRefusesTheKey) {
   TrainConfig c;
   c.fast_path = true;
   LossFn loss = [model](const Batch& b) mutable { return model(b.input).sum(); };
-  EXPECT_TRUE(test::throws_with([&] { Trainer t(model.ptr(), loss, c, torch::kCPU, course_mechanisms()); },
+  EXPECT_TRUE(test::throws_with([&] { Trainer t(model.ptr(), loss, c, torch::kCPU); },
                                 {"train.fast_path", "make_fast_path_optimizer", "train.fast_path=false"}));
-  Trainer fast(model.ptr(), loss, c, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer fast(model.ptr(), loss, c, torch::kCPU, {}, make_fast_path_optimizer);
   EXPECT_NE(dynamic_cast<FusedSGD*>(&fast.optimizer()), nullptr);
 }
 
@@ -319,7 +318,7 @@ TEST(FastPath, StepsOnTheCpuAreEagerAndTheLineSaysWhy) {
     c.fast_path = fast;
     MnistNet net = make_mnist_net(c);
     Trainer trainer(net.ptr(), [&](const Batch& b) { return torch::nll_loss(net->forward(b.input), b.target); }, c,
-                    torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+                    torch::kCPU, {}, make_fast_path_optimizer);
     FastPathSteps steps = fast_path_steps(trainer);
     EXPECT_FALSE(steps.run_step);
     if (fast)

@@ -16,7 +16,6 @@
 #include "amplab/report/run_dir.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/train/trainer.hpp"
-#include "mechanisms.hpp"
 
 namespace amplab {
 namespace {
@@ -46,7 +45,7 @@ class TraceTest : public ::testing::Test {
     config.trace_steps = trace;
     MemoryConfig memory;
     memory.track = track_memory;
-    Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms(), memory);
+    Trainer trainer(net, loss, config, torch::kCPU, memory);
     TensorBatches batches(torch::randn({samples, 6}), torch::randint(0, 3, {samples}, torch::kInt64),
                           EpochSampler(samples, 4, 0, true, false), torch::kCPU);
     FitOptions options;
@@ -102,7 +101,7 @@ struct ToyConfig {
 struct ToyLab {
   Lab<ToyConfig> lab;
   ToyLab(const RunConfig& run_config, const RunDir& run)
-      : lab(ToyConfig{run_config}, CommandLine{}, ConfigSource::parse("run: {}\n", "toy.yaml"), torch::kCPU, run,
+      : lab("toy", ToyConfig{run_config}, CommandLine{}, ConfigSource::parse("run: {}\n", "toy.yaml"), torch::kCPU, run,
             dist::WorldInfo{}, "") {
     lab.phase_trace = detail::start_phase_trace(run_config, run, torch::kCPU);
   }

@@ -14,8 +14,8 @@
 #include "amplab/train/checkpointer.hpp"
 #include "amplab/train/loop.hpp"
 #include "amplab/infra/signals.hpp"
+#include "amplab/train/step.hpp"  // lab 2's make_loss_scaler, linked in
 #include "amplab/train/trainer.hpp"
-#include "mechanisms.hpp"  // the labs' GradScaler, step and accumulation (the reference here)
 #include "support.hpp"
 
 namespace amplab {
@@ -68,8 +68,8 @@ TEST(Trainer, AccumulationMatchesOneBigBatch) {
     torch::NoGradGuard g;
     for (size_t i = 0; i < big->parameters().size(); ++i) small->parameters()[i].copy_(big->parameters()[i]);
   }
-  Trainer one(big, cross_entropy(big), sgd_config(16, 1), torch::kCPU, course_mechanisms());
-  Trainer four(small, cross_entropy(small), sgd_config(4, 4), torch::kCPU, course_mechanisms());
+  Trainer one(big, cross_entropy(big), sgd_config(16, 1), torch::kCPU);
+  Trainer four(small, cross_entropy(small), sgd_config(4, 4), torch::kCPU);
   for (int step = 0; step < 3; ++step) {
     auto x = data.x.narrow(0, step * 8, 16), y = data.y.narrow(0, step * 8, 16);
     one.step(Batch{x, y});
@@ -85,7 +85,7 @@ TEST(Trainer, StepReturnsTheMeanLossOnTheDeviceAndClearsGradients) {
   ToyData data(8);
   auto net = std::make_shared<Net>();
   auto expected = torch::nn::functional::cross_entropy(net->forward(data.x.narrow(0, 0, 4)), data.y.narrow(0, 0, 4)).detach();
-  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU);
   auto r = trainer.step(Batch{data.x.narrow(0, 0, 4), data.y.narrow(0, 0, 4)});
   EXPECT_TRUE(test::tensors_equal(r.loss, expected));
   EXPECT_FALSE(r.skipped.defined());  // no loss scaling: nothing to skip
@@ -106,7 +106,7 @@ TEST(Trainer, Bf16MixedOnCpuRunsUnderAutocastWithoutAScaler) {
   };
   auto config = sgd_config(16, 1);
   config.precision = Precision::bf16_mixed;
-  Trainer trainer(net, loss_fn, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, loss_fn, config, torch::kCPU);
   EXPECT_FALSE(trainer.scaler().is_enabled());
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
@@ -123,7 +123,7 @@ TEST(Trainer, RejectsPrecisionTheDeviceCannotRun) {
   auto net = std::make_shared<Net>();
   auto config = sgd_config(4, 1);
   config.precision = Precision::fp16_mixed;
-  EXPECT_TRUE(test::throws_with([&] { Trainer t(net, cross_entropy(net), config, torch::kCPU, course_mechanisms()); }, {"fp16-mixed needs a GPU"}));
+  EXPECT_TRUE(test::throws_with([&] { Trainer t(net, cross_entropy(net), config, torch::kCPU); }, {"fp16-mixed needs a GPU"}));
 }
 
 TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
@@ -137,7 +137,7 @@ TEST(Trainer, LossScalingSkipsAStepWithInfGradients) {
   };
   auto config = sgd_config(8, 1);
   config.loss_scaling = "on";
-  Trainer trainer(net, loss_fn, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, loss_fn, config, torch::kCPU);
   auto before = net->fc1->weight.clone();
   auto r = trainer.step(Batch{data.x, data.y});
   EXPECT_EQ(r.skipped.item<double>(), 1.0);
@@ -159,7 +159,7 @@ TEST(Trainer, ClippingSeesUnscaledGradients) {
   plain.grad_clip_norm = 0.05;
   auto scaled = plain;
   scaled.loss_scaling = "on";
-  Trainer ta(a, cross_entropy(a), plain, torch::kCPU, course_mechanisms()), tb(b, cross_entropy(b), scaled, torch::kCPU, course_mechanisms());
+  Trainer ta(a, cross_entropy(a), plain, torch::kCPU), tb(b, cross_entropy(b), scaled, torch::kCPU);
   auto ra = ta.step(Batch{data.x, data.y});
   auto rb = tb.step(Batch{data.x, data.y});
   EXPECT_NEAR(rb.grad_norm.item<double>(), ra.grad_norm.item<double>(), 1e-6 * ra.grad_norm.item<double>());
@@ -171,8 +171,21 @@ FitOptions quiet_options() {
   FitOptions o;
   o.lab = "toy";
   o.tag = "t";
-  o.checkpoint.every_epoch = false;
-  return o;
+  return o;  // no checkpoint (a test that saves says where)
+}
+
+// A checkpoint: section handed to fit() as read, its directory never resolved, would save nothing
+// and say nothing: fit() refuses it at the start, naming checkpoint.dir and what to call.
+TEST(Fit, ACheckpointSectionWithoutItsDirectoryIsRefusedAtTheStart) {
+  torch::manual_seed(0);
+  ToyData data(16);
+  auto net = std::make_shared<Net>();
+  Trainer trainer(net, cross_entropy(net), sgd_config(4, 1), torch::kCPU);
+  TensorBatches batches(data.x, data.y, EpochSampler(16, 4, 0, true, false), torch::kCPU);
+  FitOptions options = quiet_options();
+  options.checkpoint = CheckpointConfig{};  // checkpoint.dir: "" as a config file leaves it
+  EXPECT_TRUE(test::throws_with([&] { fit(trainer, batches, options); }, {"checkpoint.dir", "Lab::fit_options"}));
+  EXPECT_EQ(trainer.global_step(), 0);
 }
 
 // Forgets the signal a test raised, so that the next fit() does not stop at once and a second
@@ -191,7 +204,7 @@ TEST(Loop, DivergenceGuardStopsOnNonFiniteLoss) {
   auto config = sgd_config(4, 1);
   config.divergence_patience = 5;
   config.log_every = 2;
-  Trainer trainer(net, nan_loss, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, nan_loss, config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   auto result = fit(trainer, batches, quiet_options());
   EXPECT_EQ(result.status, FitStatus::diverged);
@@ -208,7 +221,7 @@ TEST(Loop, AnEpochWithoutAFiniteLossFailsWhateverThePatience) {
   LossFn nan_loss = [&](const Batch& b) { return torch::nn::functional::cross_entropy(net->forward(b.input), b.target) * NAN; };
   auto config = sgd_config(4, 1);
   config.divergence_patience = 1000;  // more than the run's 16 steps
-  Trainer trainer(net, nan_loss, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, nan_loss, config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   auto result = fit(trainer, batches, quiet_options());
   EXPECT_EQ(result.status, FitStatus::diverged);
@@ -222,7 +235,7 @@ TEST(Loop, RaggedLastGroupIsAShorterGroup) {
   ToyData data(40);
   auto net = std::make_shared<Net>();
   auto config = sgd_config(4, 3);  // 10 micro-batches per epoch: groups of 3, 3, 3, 1
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, 0, true, false), torch::kCPU);
   auto result = fit(trainer, batches, quiet_options());
   ASSERT_EQ(result.status, FitStatus::completed);
@@ -256,14 +269,14 @@ TEST(Loop, LinearScheduleSetsTheRateOfEveryStep) {
     config.epochs = 2;
     config.fast_path = fused;
     config.optimizer.schedule = "linear";
-    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer trainer(scheduled, cross_entropy(scheduled), config, torch::kCPU, {}, make_fast_path_optimizer);
     TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, /*shuffle=*/false, false), torch::kCPU);
     ASSERT_EQ(fit(trainer, batches, quiet_options()).status, FitStatus::completed);
     EXPECT_DOUBLE_EQ(trainer.optimizer().param_groups()[0].options().get_lr(), 0.1 / 16);  // the last of 16 steps
 
     auto constant = config;
     constant.optimizer.schedule = "constant";
-    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+    Trainer manual(by_hand, cross_entropy(by_hand), constant, torch::kCPU, {}, make_fast_path_optimizer);
     for (int64_t step = 0; step < 16; ++step) {
       set_learning_rate(manual.optimizer(), 0.1 * (static_cast<double>(16 - step) / 16));
       int64_t first = (step % 8) * 4;
@@ -307,10 +320,11 @@ std::vector<torch::Tensor> train_toy(int64_t interrupt_after, const std::string&
     if (++micro_batches == 2 * interrupt_after) std::raise(SIGINT);
     return inner(batch);
   };
-  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer trainer(net, loss, config, torch::kCPU, {}, make_fast_path_optimizer);
   TensorBatches batches(data.x, data.y, EpochSampler(40, 4, /*seed=*/3, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint.dir = checkpoint_dir;
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->dir = checkpoint_dir;
   options.resume = resume;
   options.data_seed = 3;
   auto result = fit(trainer, batches, options);
@@ -353,16 +367,17 @@ TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
   auto config = sgd_config(4, 1);
   config.epochs = 2;
   FitOptions options = quiet_options();
-  options.checkpoint.every_epoch = true;
-  options.checkpoint.dir = dir.path().string();
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->every_epoch = true;
+  options.checkpoint->dir = dir.path().string();
   auto net = std::make_shared<Net>();
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
   auto first = fit(trainer, batches, options);
   ASSERT_EQ(first.status, FitStatus::completed);
 
   auto again_net = std::make_shared<Net>();
-  Trainer again(again_net, cross_entropy(again_net), config, torch::kCPU, course_mechanisms());
+  Trainer again(again_net, cross_entropy(again_net), config, torch::kCPU);
   options.resume = "latest";
   auto resumed = fit(again, batches, options);
   EXPECT_EQ(resumed.status, FitStatus::completed);
@@ -375,7 +390,7 @@ TEST(Loop, ResumingAFinishedRunTrainsNothingAndKeepsItsEpochs) {
 
   // More epochs train on from there (a constant rate: nothing else changes meaning).
   config.epochs = 3;
-  Trainer more(again_net, cross_entropy(again_net), config, torch::kCPU, course_mechanisms());
+  Trainer more(again_net, cross_entropy(again_net), config, torch::kCPU);
   auto longer = fit(more, batches, options);
   EXPECT_EQ(longer.status, FitStatus::completed);
   EXPECT_FALSE(longer.already_finished);
@@ -393,11 +408,12 @@ TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
   auto config = sgd_config(4, 1);
   config.epochs = 2;
   FitOptions options = quiet_options();
-  options.checkpoint.dir = dir.path().string();
-  options.checkpoint.every_steps = 6;  // mid-epoch: 12 steps per epoch
-  options.checkpoint.keep_last = 10;
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->dir = dir.path().string();
+  options.checkpoint->every_steps = 6;  // mid-epoch: 12 steps per epoch
+  options.checkpoint->keep_last = 10;
   auto net = std::make_shared<Net>();
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(48, 4, 0, true, false), torch::kCPU);
   ASSERT_EQ(fit(trainer, batches, options).status, FitStatus::completed);
   std::string mid_epoch;
@@ -409,10 +425,10 @@ TEST(Loop, ResumeRefusesAChangedBatchSizeUnlessForced) {
   auto bigger = config;
   bigger.batch_size = 8;
   auto other = std::make_shared<Net>();
-  Trainer changed(other, cross_entropy(other), bigger, torch::kCPU, course_mechanisms());
+  Trainer changed(other, cross_entropy(other), bigger, torch::kCPU);
   TensorBatches batches8(data.x, data.y, EpochSampler(48, 8, 0, true, false), torch::kCPU);
   options.resume = mid_epoch;
-  options.checkpoint.every_steps = 0;
+  options.checkpoint->every_steps = 0;
   EXPECT_TRUE(test::throws_with([&] { fit(changed, batches8, options); },
                                 {"--resume: train.batch_size is 8 now but was 4", "--force", "sample 24 of epoch 1"}));
   options.force_resume = true;
@@ -437,12 +453,13 @@ TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
   auto config = sgd_config(4, 1);
   config.divergence_patience = 5;
   config.log_every = 100;
-  Trainer trainer(net, poisoned, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, poisoned, config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(64, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint.dir = dir.path().string();
-  options.checkpoint.every_steps = 1;
-  options.checkpoint.keep_last = 2;
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->dir = dir.path().string();
+  options.checkpoint->every_steps = 1;
+  options.checkpoint->keep_last = 2;
   auto result = fit(trainer, batches, options);
   EXPECT_EQ(result.status, FitStatus::diverged);
   EXPECT_TRUE(test::throws_with([&] { throw Error(result.message); }, {"consecutive steps", "the last good checkpoint is", "step-00000003.ckpt", "(step 3)"}));
@@ -451,7 +468,7 @@ TEST(Loop, DivergedRunKeepsOnlyGoodCheckpointsAndNamesTheLastOne) {
     if (e.path().extension() != ".ckpt") continue;
     auto fresh = std::make_shared<Net>();
     auto optimizer = make_optimizer(fresh->parameters(), config.optimizer);
-    auto scaler = course_mechanisms().make_scaler(config);
+    auto scaler = amp_training::make_loss_scaler(config);
     TrainingState state{*fresh, *optimizer, *scaler};
     load_checkpoint(e.path().string(), state, "toy");
     for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.isfinite().all().item<bool>()) << e.path();
@@ -476,12 +493,13 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
   };
   auto config = sgd_config(4, 1);
   config.epochs = 2;
-  Trainer trainer(net, loss, config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, loss, config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(32, 4, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint.dir = dir.path().string();
-  options.checkpoint.every_steps = 4;
-  options.checkpoint.on_interrupt = false;
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->dir = dir.path().string();
+  options.checkpoint->every_steps = 4;
+  options.checkpoint->on_interrupt = false;
   auto result = fit(trainer, batches, options);
   forget_interrupt(handler);
   EXPECT_EQ(result.status, FitStatus::interrupted);
@@ -491,10 +509,9 @@ TEST(Loop, InterruptMessagesSayWhatWasSavedAndWhatIsLost) {
 
   test::TempDir final_dir;
   auto last_net = std::make_shared<Net>();
-  Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU, course_mechanisms());
+  Trainer last(last_net, cross_entropy(last_net), config, torch::kCPU);
   FitOptions at_end = quiet_options();
-  at_end.checkpoint.dir = final_dir.path().string();
-  at_end.checkpoint.every_epoch = true;
+  at_end.checkpoint.emplace().dir = final_dir.path().string();  // saves at every epoch's end
   at_end.evaluate = [](int64_t epoch) {
     if (epoch == 2) std::raise(SIGINT);  // during the evaluation after the last step
     return nlohmann::json::object();
@@ -511,12 +528,12 @@ TEST(Loop, ABatchLargerThanTheTrainingSetIsRefused) {
   ToyData data(10);
   auto net = std::make_shared<Net>();
   auto config = sgd_config(16, 1);
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches ragged(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/false), torch::kCPU);
   EXPECT_TRUE(test::throws_with([&] { fit(trainer, ragged, quiet_options()); },
                                 {"train.batch_size=16 is larger than the training set (10 samples)"}));
   config.drop_last = true;
-  Trainer dropping(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer dropping(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches none(data.x, data.y, EpochSampler(10, 16, 0, true, /*drop_last=*/true), torch::kCPU);
   EXPECT_TRUE(test::throws_with([&] { fit(dropping, none, quiet_options()); }, {"leaves no batch", "train.drop_last"}));
 }
@@ -533,7 +550,7 @@ TEST(Loop, WritesMetricsAndStepsCsv) {
   auto config = sgd_config(8, 1);
   config.epochs = 2;
   config.log_every = 2;
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   TensorBatches batches(data.x, data.y, EpochSampler(32, 8, 0, true, false), torch::kCPU);
   FitOptions options = quiet_options();
   options.run_dir = &run_dir;
@@ -569,10 +586,11 @@ TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
     auto config = sgd_config(4, 1);
     config.epochs = epochs;
     auto net = std::make_shared<Net>();
-    Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+    Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
     FitOptions options = quiet_options();
-    options.checkpoint.every_epoch = true;
-    options.checkpoint.dir = dir.file("shared_checkpoints");
+    options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+    options.checkpoint->every_epoch = true;
+    options.checkpoint->dir = dir.file("shared_checkpoints");
     options.run_dir = &run_dir;
     options.resume = resume;
     return fit(trainer, batches, options);
@@ -592,9 +610,10 @@ TEST(Loop, LatestStaysWithTheRunsThatWroteIt) {
   auto net = std::make_shared<Net>();
   auto config = sgd_config(4, 1);
   config.epochs = 2;
-  Trainer trainer(net, cross_entropy(net), config, torch::kCPU, course_mechanisms());
+  Trainer trainer(net, cross_entropy(net), config, torch::kCPU);
   FitOptions options = quiet_options();
-  options.checkpoint.dir = dir.file("shared_checkpoints");
+  options.checkpoint.emplace().every_epoch = false;  // saves where the test says
+  options.checkpoint->dir = dir.file("shared_checkpoints");
   options.resume = "latest";
   EXPECT_TRUE(std::filesystem::equivalent(fit(trainer, batches, options).last_checkpoint, b.last_checkpoint));
   log::init(log::Level::info);

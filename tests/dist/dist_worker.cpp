@@ -22,7 +22,6 @@
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "data_parallel.hpp"  // lab 5's reference DDP (BucketedDdp)
-#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace {
@@ -421,8 +420,7 @@ std::pair<torch::Tensor, DistributedDataParallel::Stats> train_with_trainer(
   train.optimizer.lr = optimizer == "sgd" ? kLr : 0.01;
   train.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
   train.progress = false;
-  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device,
-                  course_mechanisms(), {}, make_fast_path_optimizer);
+  Trainer trainer(model, [&](const Batch& b) { return torch::mse_loss(model->forward(b.input), b.target); }, train, g_device, {}, make_fast_path_optimizer);
   trainer.set_gradient_sync(&ddp);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, W, 1);

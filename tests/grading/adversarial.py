@@ -44,7 +44,6 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import amplab_certified as certified  # noqa: E402
-import amplab_labs  # noqa: E402
 import amplab_rubric as rubric  # noqa: E402
 import amplab_sandbox as sandbox  # noqa: E402
 
@@ -743,7 +742,7 @@ def run_case(name, source, kind, target, secrets, work, listener, autograder=Non
 
 def case_inputs(names, gpus, autograder):
     """{case name: {"parts": ..., "digest": ...}}: what each case's outcome rests on (see the docstring)."""
-    inputs = certified.Inputs.of(ROOT, None, amplab_labs.mechanism_labs(), ROOT / "build")
+    inputs = certified.Inputs.of(ROOT, None, ROOT / "build")
     seccomp = (ROOT / "build" / "CMakeCache.txt").is_file() and \
         "AMPLAB_SECCOMP_LIBRARY:FILEPATH=/" in (ROOT / "build" / "CMakeCache.txt").read_text(errors="replace")
     machine = certified.text_digest(json.dumps({"root": os.geteuid() == 0, "namespaces": sandbox.namespaces_work(),

@@ -28,7 +28,6 @@
 #include "amplab/train/grad_clip.hpp"
 #include "amplab/train/trainer.hpp"
 #include "grad_scaler.hpp"
-#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace {
@@ -504,9 +503,9 @@ amplab::TrainConfig toy_config(Precision precision, const std::string& loss_scal
   return c;
 }
 
-// The trainer runs your step (amplab::course_mechanisms() hands it train_step).
+// The trainer runs your step (it calls amp_training::train_step: amplab/train/step.hpp).
 std::unique_ptr<amplab::Trainer> trainer_for(std::shared_ptr<Toy3> net, amplab::LossFn loss, const amplab::TrainConfig& c) {
-  return std::make_unique<amplab::Trainer>(net, std::move(loss), c, torch::kCPU, amplab::course_mechanisms());
+  return std::make_unique<amplab::Trainer>(net, std::move(loss), c, torch::kCPU);
 }
 
 // Six steps in fp32, with and without loss scaling (S a power of two: scaling is exact), equal
@@ -785,7 +784,7 @@ TEST(AmpTrainingGpu, Fp16StepSkipsOverflowsAndLearns_CUDA) {
   c.precision = Precision::fp16_mixed;
   c.optimizer.lr = 0.01;
   c.optimizer.momentum = 0.9;
-  amplab::Trainer trainer(net, loss_fn, c, gpu, amplab::course_mechanisms());
+  amplab::Trainer trainer(net, loss_fn, c, gpu);
   amplab::Batch batch{torch::randn({64, 256}, gpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(gpu))};
   double first = 0, last = 0;
   for (int step = 0; step < 20; ++step) {
@@ -821,7 +820,7 @@ TEST(AmpTrainingGpu, Bf16HasNoScalerAndBf16Outputs_CUDA) {
   c.precision = Precision::bf16_mixed;
   c.optimizer.lr = 0.01;
   c.optimizer.momentum = 0.9;
-  amplab::Trainer trainer(net, loss_fn, c, gpu, amplab::course_mechanisms());
+  amplab::Trainer trainer(net, loss_fn, c, gpu);
   EXPECT_FALSE(trainer.scaler().is_enabled());
   amplab::Batch batch{torch::randn({64, 256}, gpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(gpu))};
   double first = trainer.step(batch).loss.item<double>(), last = first;
@@ -913,7 +912,7 @@ TEST(AmpTrainingGpu, TheStepNeverSyncsTheHost_CUDA) {
     config.optimizer.momentum = 0.9;
     config.fast_path = true;  // fused SGD
     config.progress = false;
-    amplab::Trainer trainer(net, loss_fn, config, gpu, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
+    amplab::Trainer trainer(net, loss_fn, config, gpu, {}, amplab::make_fast_path_optimizer);
     amplab::Batch batch{torch::randn({64, 256}, gpu), torch::randint(0, 10, {64}, torch::dtype(torch::kInt64).device(gpu))};
     for (int step = 0; step < 3; ++step) {  // warm-up, unchecked
       amp_training::train_step(trainer, batch);

@@ -29,7 +29,6 @@
 #include "ddp_lab.hpp"
 #include "amplab/dist/forwarding_communicator.hpp"
 #include "idx_files.hpp"
-#include "mechanisms.hpp"
 #include "process.hpp"
 #include "ranks.hpp"  // on_rank_threads
 #include "support.hpp"
@@ -434,7 +433,7 @@ std::vector<RankRun> train_ranks(SyncKind kind, int world_size, dist::DistConfig
           bool extra = plan()[step_index].uses_extra(r, micro_index);
           return torch::mse_loss(net->forward(b.input, extra, [&log] { log.add("first layer"); }), b.target);
         },
-        train, torch::kCPU, amplab::course_mechanisms());
+        train, torch::kCPU);
     LoggedSync logged(*sync, log);
     trainer.set_gradient_sync(&logged);
     size_t cut = 0;
@@ -829,7 +828,7 @@ TEST_P(Versions, Ddp10_SteppingEachBucketGivesTheSameBits) {
       train.optimizer.lr = 0.01;
       train.progress = false;
       amplab::Trainer trainer(net, [&](const amplab::Batch& b) { return torch::mse_loss(net->forward(b.input, true), b.target); },
-                              train, torch::kCPU, amplab::course_mechanisms(), {}, amplab::make_fast_path_optimizer);
+                              train, torch::kCPU, {}, amplab::make_fast_path_optimizer);
       trainer.set_gradient_sync(&ddp);
       for (int step = 0; step < 3; ++step) {
         auto [x, y] = global_batch(step, W, 1);

@@ -18,7 +18,6 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/measure/memory.hpp"
 #include "memory_optimization.hpp"
-#include "mechanisms.hpp"
 #include "support.hpp"
 
 namespace {
@@ -280,8 +279,7 @@ std::unique_ptr<amplab::Trainer> trainer_for(mo::DeepMlp model, Precision precis
   config.precision = precision;
   config.loss_scaling = "off";
   config.progress = false;
-  return std::make_unique<amplab::Trainer>(model.ptr(), loss ? loss : mlp_loss(model), config, torch::kCPU,
-                                           amplab::course_mechanisms());
+  return std::make_unique<amplab::Trainer>(model.ptr(), loss ? loss : mlp_loss(model), config, torch::kCPU);
 }
 
 // Ten samples in micro-batches of 4, 4 and 2 against one backward of all ten. Not bitwise: the big

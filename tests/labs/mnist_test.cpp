@@ -4,7 +4,6 @@
 
 #include "amplab/data/mnist.hpp"
 #include "amplab/train/loop.hpp"
-#include "mechanisms.hpp"
 #include "mnist.hpp"
 #include "support.hpp"
 
@@ -107,7 +106,7 @@ TEST(Mnist3_Precision, Bf16MixedTrainsWithBf16Activations) {
     auto out = net->forward(b.input);
     seen = out.scalar_type();
     return torch::nll_loss(out, b.target);
-  }, config, torch::kCPU, amplab::course_mechanisms());
+  }, config, torch::kCPU);
   amplab::Batch batch{train.images.narrow(0, 0, 32), train.labels.narrow(0, 0, 32)};
   double first = trainer.step(batch).loss.item<double>();
   double last = first;
@@ -304,12 +303,10 @@ TEST(MnistLearns, FashionMnistSubsetAboveSeventyPercent) {
   base.optimizer.momentum = 0.9;
   base.progress = false;
   auto config = mnist::train_config_for(mode, base);
-  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, config, device,
-                          amplab::course_mechanisms());
+  amplab::Trainer trainer(net.ptr(), [&](const amplab::Batch& b) { return mnist::nll_loss(net, b); }, config, device);
   amplab::TensorBatches batches(train.images, train.labels, amplab::EpochSampler(train.size(), 64, 0, true, false), device);
-  amplab::FitOptions options;
+  amplab::FitOptions options;  // no checkpoint: none
   options.lab = "mnist";
-  options.checkpoint.every_epoch = false;
   auto result = amplab::fit(trainer, batches, options);
   ASSERT_EQ(result.status, amplab::FitStatus::completed) << result.message;
   double accuracy = mnist::evaluate(net, test, 500, config.precision).accuracy;

@@ -122,7 +122,10 @@ bool parameters_finite(torch::nn::Module& model) {
 
 Checkpointer::Checkpointer(const FitOptions& options, Trainer& trainer, PositionSettings settings)
     : options_(options), trainer_(trainer), settings_(std::move(settings)) {
-  if (options.checkpoint.dir.empty()) return;
+  if (!options.checkpoint) return;  // a run that saves none
+  if (options.checkpoint->dir.empty())
+    throw Error("checkpoint.dir: this lab handed fit() its checkpoint: section without the directory resolved, so it "
+                "would save nothing; build the options with Lab::fit_options() (or resolved_checkpoint_config)");
   // The run directory's name is the wall clock's second, which two runs can share (two
   // run.out_dir with one checkpoint.dir, a clock set back): a random part keeps their files apart.
   std::string owner = options.run_dir && options.run_dir->enabled()
@@ -130,9 +133,9 @@ Checkpointer::Checkpointer(const FitOptions& options, Trainer& trainer, Position
                           : "run" + std::to_string(::getpid());
   owner += "-" + unique_run_token();
   if (!options.tag.empty()) owner += "-" + options.tag;
-  checkpoints_ = std::make_unique<CheckpointManager>(options.checkpoint.dir, options.checkpoint.keep_last, owner,
+  checkpoints_ = std::make_unique<CheckpointManager>(options.checkpoint->dir, options.checkpoint->keep_last, owner,
                                                      latest_pointer_dir(options.run_dir));
-  const CheckpointConfig& c = options.checkpoint;
+  const CheckpointConfig& c = *options.checkpoint;
   if (options.dist.is_main && (c.every_epoch || c.every_steps > 0 || c.on_interrupt)) checkpoints_->open_for_writing();
 }
 
@@ -199,14 +202,14 @@ void Checkpointer::announce(const Resumed& resumed, const std::string& path) con
 }
 
 bool Checkpointer::saves_at_step(int64_t global_step) const {
-  return options_.checkpoint.every_steps > 0 && global_step % options_.checkpoint.every_steps == 0;
+  return options_.checkpoint && options_.checkpoint->every_steps > 0 && global_step % options_.checkpoint->every_steps == 0;
 }
 
 bool Checkpointer::saves_at_epoch_end(bool interrupted) const {
-  return options_.checkpoint.every_epoch || (interrupted && options_.checkpoint.on_interrupt);
+  return options_.checkpoint && (options_.checkpoint->every_epoch || (interrupted && options_.checkpoint->on_interrupt));
 }
 
-bool Checkpointer::saves_on_interrupt() const { return options_.checkpoint.on_interrupt; }
+bool Checkpointer::saves_on_interrupt() const { return options_.checkpoint && options_.checkpoint->on_interrupt; }
 
 std::string Checkpointer::save(const TrainingPosition& at, const std::vector<EpochRecord>& epochs, const EpochSums& sums,
                                bool losses_finite) {
@@ -242,7 +245,7 @@ std::string Checkpointer::interrupted_message(int64_t epoch, int64_t global_step
   std::string message = "interrupted at epoch " + std::to_string(epoch + 1) + " step " + std::to_string(global_step) +
                         (finished ? ", after its last step: training had finished" : "");
   if (!saved.empty()) return message + "; checkpoint saved to " + saved + (finished ? "" : "; resume with --resume " + saved);
-  message += std::string("; no checkpoint saved") + (options_.checkpoint.on_interrupt ? "" : " (checkpoint.on_interrupt=false)");
+  message += std::string("; no checkpoint saved") + (options_.checkpoint && options_.checkpoint->on_interrupt ? "" : " (checkpoint.on_interrupt=false)");
   if (last_good_.empty()) return message + ", none to resume from";
   return message + ": the last is '" + last_good_ + "' at step " + std::to_string(last_good_step_) +
          (last_good_step_ < global_step ? ", so the steps after it are lost" : "") + "; resume with --resume " + last_good_;

@@ -109,13 +109,15 @@ std::optional<FitResult> Epoch::train() {
     const int64_t group = std::min(accumulation_, batches_ - next_);
     if (has_schedule(config.optimizer))  // set before the step: a graph reads it on the device
       set_learning_rate(trainer.optimizer(), scheduled_lr(config.optimizer, trainer.global_step(), run_.run_steps));
-    // The step: Trainer::step (trainer.cpp), which hands it to lab 2's train_step; with the fast
-    // path, options.run_step replays it as a CUDA graph.
+    // The step: Trainer::step (trainer.cpp), which runs lab 2's train_step (or lab 3's accumulation
+    // over a group, then lab 2's optimizer_step); with the fast path, options.run_step replays it as
+    // a CUDA graph.
     StepResult result;
     run_.trace.before_step(run_.steps_taken);
     try {
-      result = run_.options.run_step ? run_.options.run_step(run_.data, next_, group)
-                                     : trainer.step(micro_batches(group));
+      if (run_.options.run_step) result = run_.options.run_step(run_.data, next_, group);
+      else if (group == 1) result = trainer.step(run_.data.batch(next_));
+      else result = trainer.step(micro_batches(group));
     } catch (const c10::OutOfMemoryError& error) {
       return out_of_memory_stop(error);
     }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,9 +50,10 @@ struct FitOptions {
   std::string config_yaml;         // saved into checkpoints
   uint64_t data_seed = 0;          // the sampler's seed, kept in checkpoints
   const RunDir* run_dir = nullptr; // metrics.csv, steps.csv, memory timeline (nullptr: none)
-  // When to save, and where: the directory resolved (resolved_checkpoint_config, checkpointer.hpp);
-  // an empty dir saves no checkpoints.
-  CheckpointConfig checkpoint;
+  // When to save, and where, its directory resolved (Lab::fit_options, or resolved_checkpoint_config
+  // in checkpointer.hpp): a config whose dir is empty is refused, naming checkpoint.dir, since it
+  // would silently save nothing. None: a run that saves no checkpoints.
+  std::optional<CheckpointConfig> checkpoint;
   std::string resume;              // --resume as given: a path, "latest", "auto" (latest if there is one) or ""
   bool force_resume = false;       // --force: resume although settings the position depends on changed
   std::string epochs_key = "train.epochs";  // the config key that set config.epochs (for messages)

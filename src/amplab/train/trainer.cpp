@@ -7,6 +7,7 @@
 #include "amplab/infra/device.hpp"
 #include "amplab/infra/error.hpp"
 #include "amplab/train/fused_optimizer.hpp"
+#include "amplab/train/step.hpp"  // lab 2's step and lab 3's accumulation, linked in
 
 namespace amplab {
 
@@ -49,18 +50,13 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config,
-                 torch::Device device, const StepMechanisms& mechanisms, const MemoryConfig& memory,
-                 const OptimizerFactory& optimizer_factory)
+                 torch::Device device, const MemoryConfig& memory, const OptimizerFactory& optimizer_factory)
     : model_(std::move(model)),
       loss_fn_(std::move(loss_fn)),
       config_(config),
       device_(device),
-      mechanisms_(mechanisms),
       memory_(device, memory),
       tf32_(config.precision == Precision::tf32) {
-  if (!mechanisms_.make_scaler || !mechanisms_.train_step || !mechanisms_.optimizer_step ||
-      !mechanisms_.accumulate_gradients)
-    throw Error("Trainer: every StepMechanisms function must be given (apps/common/mechanisms.hpp gathers them)");
   check_supported(config_.precision, device_);
   check_on_device(*model_, device_);
   parameters_ = model_->parameters();
@@ -73,7 +69,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const
     optimizer_ = make_optimizer(parameters_, config_.optimizer);
   }
   if (!optimizer_) throw Error("Trainer: the optimizer factory returned nothing");
-  scaler_ = mechanisms_.make_scaler(config_);
+  scaler_ = amp_training::make_loss_scaler(config_);  // lab 2
   if (!scaler_) throw Error("Trainer: the loss-scaler factory returned nothing");
 }
 
@@ -109,20 +105,19 @@ void Trainer::gradients_ready() {
 }
 
 StepResult Trainer::step(const Batch& batch) {
-  return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
+  if (sync_ && steps_each_bucket())  // DDP updating each bucket as it is reduced: below
+    return step(MicroBatches{1, [&](int64_t) { return batch.size(); }, [&](int64_t) { return batch; }});
+  // Lab 2's train_step (labs/amp_training/amp_training.hpp): forward under autocast, scaled
+  // backward, unscale, clip, then the optimizer's step, or a skipped one, and the scale's update.
+  StepResult result = amp_training::train_step(*this, batch);
+  result.samples = batch.size();
+  return finish_step(result);
 }
 
 StepResult Trainer::step(const MicroBatches& group) {
-  if (group.count == 1 && !(sync_ && steps_each_bucket())) {
-    const Batch batch = group.batch(0);
-    // Lab 2's train_step (labs/amp_training/amp_training.hpp): forward under autocast, scaled
-    // backward, unscale, clip, then the optimizer's step, or a skipped one, and the scale's update.
-    StepResult result = mechanisms_.train_step(*this, batch);
-    result.samples = batch.size();
-    return finish_step(result);
-  }
+  if (group.count == 1 && !(sync_ && steps_each_bucket())) return step(group.batch(0));
   StepResult result;
-  result.loss = mechanisms_.accumulate_gradients(*this, group);  // lab 3
+  result.loss = memory_optimization::accumulate_gradients(*this, group);  // lab 3
   for (int64_t i = 0; i < group.count; ++i) result.samples += group.rows(i);
   if (sync_ && steps_each_bucket()) {
     // DDP with a fused optimizer, no loss scaling and no clipping (nothing needs all gradients
@@ -134,7 +129,7 @@ StepResult Trainer::step(const MicroBatches& group) {
     sync_->finish_stepping_each_bucket([&](const std::vector<torch::Tensor>& params) { fused.step_parameters(params); });
     return finish_step(result);
   }
-  StepResult stepped = mechanisms_.optimizer_step(*this);  // lab 2
+  StepResult stepped = amp_training::optimizer_step(*this);  // lab 2
   result.grad_norm = stepped.grad_norm;
   result.skipped = stepped.skipped;
   return finish_step(result);

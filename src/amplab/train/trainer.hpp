@@ -1,8 +1,8 @@
 // The trainer: what one optimizer step works on (model, loss, optimizer, loss scaler, memory
-// tracker, gradient sync), and the dispatch of a step to the mechanisms the labs build. The step
-// itself (forward under autocast, scaled backward, unscale, clip, step or skip, update) is lab 2's,
-// gradient accumulation lab 3's: the trainer is handed them (StepMechanisms) and never includes
-// a lab. The loop around the step is loop.hpp's.
+// tracker, gradient sync), and Trainer::step, which runs one. The step itself (forward under
+// autocast, scaled backward, unscale, clip, step or skip, update) is lab 2's, gradient accumulation
+// lab 3's: plain functions step.hpp declares and those labs define, chosen when the binary is
+// linked; the trainer never includes a lab. The loop around the step is loop.hpp's.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -199,29 +199,10 @@ struct StepResult {
   int64_t samples = 0;
 };
 
-class Trainer;
-
-// The mechanisms a step is made of, written in the labs and handed to the trainer (apps/common
-// gathers them; a build links the instructor's reference or the student's own code).
-struct StepMechanisms {
-  // Lab 2: the loss scaler a config asks for (disabled unless fp16-mixed or loss_scaling on).
-  std::function<std::unique_ptr<LossScaler>(const TrainConfig&)> make_scaler;
-  // Lab 2: one optimizer step on one batch (forward under autocast, scaled backward, then
-  // optimizer_step). Gradients are zeroed by the trainer afterwards.
-  std::function<StepResult(Trainer&, const Batch&)> train_step;
-  // Lab 2: the optimizer half of a step once the gradients are in .grad (scaled): unscale and
-  // clip when clipping, step or skip, update the scale. Fills grad_norm and skipped.
-  std::function<StepResult(Trainer&)> optimizer_step;
-  // Lab 3: forward and scaled backward of several micro-batches, each weighted by its share of
-  // the samples, accumulating into .grad; returns their mean loss (0-dim, on the device).
-  std::function<torch::Tensor(Trainer&, const MicroBatches&)> accumulate_gradients;
-};
-
 class Trainer {
  public:
   Trainer(std::shared_ptr<torch::nn::Module> model, LossFn loss_fn, const TrainConfig& config, torch::Device device,
-          const StepMechanisms& mechanisms, const MemoryConfig& memory = {},
-          const OptimizerFactory& make_optimizer = {});
+          const MemoryConfig& memory = {}, const OptimizerFactory& make_optimizer = {});
 
   // One optimizer step over one batch, or over a group of micro-batches (accumulation).
   StepResult step(const Batch& batch);
@@ -241,7 +222,6 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return *scaler_; }
   MemoryTracker& memory() { return memory_; }
-  const StepMechanisms& mechanisms() const { return mechanisms_; }  // the labs' step, one phase at a time
   const TrainConfig& config() const { return config_; }
   torch::Device device() const { return device_; }
   Precision precision() const { return config_.precision; }
@@ -262,7 +242,6 @@ class Trainer {
   LossFn loss_fn_;
   TrainConfig config_;
   torch::Device device_;
-  StepMechanisms mechanisms_;
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
