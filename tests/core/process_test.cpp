@@ -58,7 +58,10 @@ std::vector<std::string> mnist_args(const test::TempDir& dir, int epochs) {
 
 class Interrupt : public ::testing::TestWithParam<int> {};
 
-// Several trials at random moments: SIGINT (and SIGTERM in odd trials) once training runs.
+// Two trials at random moments once training runs: SIGTERM (trial 1) and SIGINT (trial 2). That a
+// resumed run ends where the uninterrupted one does, to the bit, is proved in-process for every
+// step (tests/core/trainer_test.cpp) and by the fault sweep's stop cases; these trials prove the
+// binary's side: the signal caught, the checkpoint written whole, the resume it names.
 TEST_P(Interrupt, SavesACheckpointThatResumesToTheEnd) {
   test::TempDir dir;
   write_tiny_dataset(dir);
@@ -96,7 +99,7 @@ TEST_P(Interrupt, SavesACheckpointThatResumesToTheEnd) {
   EXPECT_NE(resumed.find("results: "), std::string::npos) << resumed;
 }
 
-INSTANTIATE_TEST_SUITE_P(Trials, Interrupt, ::testing::Values(1, 2, 3, 4, 5, 6));
+INSTANTIATE_TEST_SUITE_P(Trials, Interrupt, ::testing::Values(1, 2));
 
 TEST(Interrupt, SecondSignalExitsAtOnce) {
   test::TempDir dir;

@@ -73,8 +73,8 @@ class Case:
 
 
 class Result:
-    def __init__(self, case, verdict, detail="", command=""):
-        self.case, self.verdict, self.detail, self.command = case, verdict, detail, command
+    def __init__(self, case, verdict, detail="", command="", seconds=0.0):
+        self.case, self.verdict, self.detail, self.command, self.seconds = case, verdict, detail, command, seconds
 
 
 def run(argv, timeout, env=None, cwd=None, signals=()):
@@ -503,11 +503,12 @@ MAKERS = (config_cases, yaml_cases, cli_cases, resume_option_cases, beyond_the_m
 def run_cases(cases, jobs):
     """Runs the cases, `jobs` at a time, printing each one that is not ok as it ends."""
     def one(case):
+        started = time.monotonic()
         try:
             verdict, detail, command = case.run_fn()
         except Exception as e:  # a bug of the sweep itself, not of the binaries
             verdict, detail, command = "sweep error", f"{type(e).__name__}: {e}", ""
-        return Result(case, verdict, detail, command)
+        return Result(case, verdict, detail, command, time.monotonic() - started)
 
     results = []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -535,6 +536,8 @@ def report(results, seconds):
     print("| --- | --- | --- |")
     for category, rs in by_category.items():
         print(f"| {category} | {len(rs)} | {sum(r.verdict not in ('ok', 'skipped') for r in rs)} |")
+    print("\nthe slowest cases: " + "; ".join(f"{r.case.name} {r.seconds:.0f} s"
+                                             for r in sorted(results, key=lambda r: -r.seconds)[:8]))
     failed = [r for r in results if r.verdict not in ("ok", "skipped")]
     for r in failed:
         print(f"FAILED {r.verdict}: {r.case.name}\n  {r.detail}\n  command: {r.command}")
