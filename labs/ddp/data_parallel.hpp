@@ -25,7 +25,6 @@
 //    backward's finish() averages the sum.
 #pragma once
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -41,34 +40,19 @@
 #include "amplab/dist/communicator.hpp"
 #include "amplab/dist/world.hpp"
 #include "amplab/infra/error.hpp"  // AMPLAB_TODO in the starter
+#include "amplab/train/grad_ready_hook.hpp"
 #include "amplab/train/trainer.hpp"
 
 namespace ddp_lab {
 
 // ---------------------------------------------------------------- given: gradient hooks
 
-// Makes autograd call `ready()` each time it has accumulated a gradient into `param.grad()`: after
-// the accumulation, so .grad holds this backward's final value (PyTorch's
-// Tensor.register_post_accumulate_grad_hook). Backward produces the last layers' gradients first.
-// It runs on autograd's thread (for CUDA tensors a thread of its own), while backward goes on.
-// One per parameter: it replaces any hook set before.
-class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
- public:
-  explicit GradReadyHook(std::function<void()> ready) : ready_(std::move(ready)) {}
-  void operator()(const torch::autograd::Variable&) override { ready_(); }
-
- private:
-  std::function<void()> ready_;
-};
-inline void set_grad_ready_hook(const torch::Tensor& param, std::function<void()> ready) {
-  torch::autograd::impl::set_post_acc_grad_hooks(param, std::make_unique<GradReadyHook>(std::move(ready)));
-}
-inline void remove_grad_ready_hook(const torch::Tensor& param) {
-  torch::autograd::impl::set_post_acc_grad_hooks(param, nullptr);
-}
-inline bool has_grad_ready_hook(const torch::Tensor& param) {
-  return torch::autograd::impl::post_acc_grad_hooks(param) != nullptr;
-}
+// The core's hook on a parameter's accumulated gradient (amplab/train/grad_ready_hook.hpp):
+// set_grad_ready_hook(param, ready) makes autograd call ready() once param.grad() holds this
+// backward's value, on autograd's thread, last layers first; one per parameter.
+using amplab::has_grad_ready_hook;
+using amplab::remove_grad_ready_hook;
+using amplab::set_grad_ready_hook;
 
 // ---------------------------------------------------------------- what every version shares
 

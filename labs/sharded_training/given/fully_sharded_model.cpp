@@ -10,7 +10,7 @@
 #include <set>
 
 #include "amplab/infra/error.hpp"
-#include "given/grad_ready_hook.hpp"
+#include "amplab/train/grad_ready_hook.hpp"
 #include "sharded_training.hpp"
 
 namespace zero_lab {
@@ -73,7 +73,7 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<LabModel> model, std::share
       auto& p = unit.params[i];
       p.set_data(unit.whole.narrow(0, unit.layout.offsets[i], p.numel()).view(p.sizes()));
       p.mutable_grad().reset();
-      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>([this, u] { gradient_accumulated(u); }));
+      amplab::set_grad_ready_hook(p, [this, u] { gradient_accumulated(u); });
     }
     unit.reshard_after_forward = std::find(used_twice.begin(), used_twice.end(), u) == used_twice.end();
     unit.gradients_pending = unit.params.size();
@@ -87,7 +87,7 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<LabModel> model, std::share
 
 FullyShardedModel::~FullyShardedModel() {
   for (auto& unit : units_)
-    for (auto& p : unit.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+    for (auto& p : unit.params) amplab::remove_grad_ready_hook(p);
 }
 
 torch::Tensor FullyShardedModel::forward(const torch::Tensor& input) {

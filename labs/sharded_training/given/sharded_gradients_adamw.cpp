@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "amplab/infra/error.hpp"
-#include "given/grad_ready_hook.hpp"
+#include "amplab/train/grad_ready_hook.hpp"
 #include "sharded_training.hpp"
 
 namespace zero_lab {
@@ -37,7 +37,7 @@ ShardedGradientsAdamW::ShardedGradientsAdamW(std::vector<std::vector<torch::Tens
       place.copy_(p);
       p.set_data(place);
       p.mutable_grad().reset();
-      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>([this, b] { gradient_ready(b); }));
+      amplab::set_grad_ready_hook(p, [this, b] { gradient_ready(b); });
     }
     bucket.grad_shard = torch::zeros({bucket.layout.shard_numel}, options_f32);
     bucket.exp_avg = torch::zeros({bucket.layout.shard_numel}, options_f32);
@@ -49,7 +49,7 @@ ShardedGradientsAdamW::ShardedGradientsAdamW(std::vector<std::vector<torch::Tens
 
 ShardedGradientsAdamW::~ShardedGradientsAdamW() {
   for (auto& b : buckets_)
-    for (auto& p : b.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+    for (auto& p : b.params) amplab::remove_grad_ready_hook(p);
 }
 
 void ShardedGradientsAdamW::zero_grad() {
