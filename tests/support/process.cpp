@@ -8,20 +8,31 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <random>
 #include <stdexcept>
 
 namespace amplab::test {
 
+// A port below the kernel's ephemeral range (32768 and up), which the kernel never hands out by
+// itself: a port taken from bind(0) is free when returned, but the kernel may give it to another
+// process's connect() (the next test's ranks open many) before our rank 0 binds it, and a test
+// then fails with "address in use" beside the others. Random in [20000, 32000), checked bindable.
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 pick(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = 20000 + static_cast<int>(pick() % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  throw std::runtime_error("free_port: no free port in [20000, 32000) after 200 tries");
 }
 
 
