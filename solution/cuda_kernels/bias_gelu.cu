@@ -35,7 +35,7 @@ __global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __res
   // reads it back for the GELU: the fused kernel moves about half the bytes. A grid-stride loop
   // over V-element vectors (16-byte loads and stores; V > 1 only when the launcher saw that cols is
   // a multiple of V and the pointers are aligned, so that a vector never straddles two rows), or
-  // over single elements for V == 1. The bias is (cols): column of element i is i % cols.
+  // over single elements for V == 1. The bias holds one value per column; x is row-major.
   // BEGIN SOLUTION DEVICE
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
