@@ -202,7 +202,8 @@ void run_bucket_sweep(const DdpConfig& config, const Setup& setup, amplab::GpuMo
                       const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   const auto ms2 = amplab::decimals(2);
-  auto& table = results.table("bucket_sweep", {{"bucket_mb", "dist.bucket_mb"}, {"buckets", "buckets"}, {"step_ms", "ms/step", ms2},
+  auto& table = results.table("bucket_sweep", {{"bucket_mb", "dist.bucket_mb", amplab::decimals(0)},
+                                               {"buckets", "buckets", amplab::decimals(0)}, {"step_ms", "ms/step", ms2},
                                                {"efficiency", "efficiency", amplab::percent_of_one(1)},
                                                {"exposed_allreduce_ms", "exposed (ms)", ms2}, {"backward_ms", "backward", ms2},
                                                {"after_backward_ms", "after backward", ms2},
