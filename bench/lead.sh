@@ -184,7 +184,7 @@ row_ddp() {
     fi
     for ((r = 1; r <= rounds; r++)); do
       run "$dir/cpp-w$world-$r.log" "$bin/amplab-run" --nproc-per-node "$world" -- "$bin/ddp" --config configs/ddp.yaml \
-        --set bench.enabled=true --set 'bench.settings=[bucketed_fast]' --set bench.steps="$ddp_steps" \
+        --set bench.enabled=true --set 'bench.settings=[bucketed_fast]' --set 'bench.bucket_sweep_mb=[]' --set bench.steps="$ddp_steps" \
         --set run.out_dir="$dir/cpp-w$world-$r" || true
       run "$dir/py-w$world-$r.log" "$python" -m torch.distributed.run --standalone --nproc-per-node "$world" \
         bench/ddp_reference.py --alone-first --steps "$ddp_steps" --bucket-cap-mb "$ddp_buckets" --static-graph both \

@@ -112,7 +112,8 @@ int run_rank(amplab::Lab<DdpConfig>& lab) {
   const DdpConfig& config = lab.config;
   ddp_lab::Setup setup = ddp_lab::join_job(lab.world, lab.device, config.dist, yaml);
   amplab::log::info(lab.world.describe() + ", " + setup.comm->backend());
-  lab.size_keys = config.bench.enabled ? "bench.width, bench.layers or bench.batch" : "train.batch_size or data.train_limit";
+  lab.size_keys = config.bench.enabled ? "bench.width, bench.bucket_sweep_width, bench.layers or bench.batch"
+                                       : "train.batch_size or data.train_limit";
   lab.draw_plots = config.bench.enabled;
   int code;
   if (config.collectives.enabled) {

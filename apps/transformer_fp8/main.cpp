@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <numeric>
+#include <tuple>
+#include <utility>
 
 #include "amplab/fast/fast_path.hpp"
 #include "amplab/fast/fused_fp8_mlp.hpp"
@@ -75,12 +78,14 @@ struct Setting {
 struct CurvePoint {  // an evaluation during training
   int64_t step = 0;
   double train_loss = NAN, val_loss = NAN;
+  double val_loss_se = NAN;  // the standard error of val_loss, the mean over eval_iters batches (NaN for one batch)
 };
 
 struct RunResult {  // NaN where the row did not run
   std::string name, skipped_because;
   std::string steps = "eager";  // or "CUDA graph"
   double ms_per_step = NAN, tokens_per_s = NAN, peak_mib = NAN, val_loss = NAN;  // the last validation loss
+  double val_loss_se = NAN;      // its standard error
   std::vector<CurvePoint> curve;
   std::string sample;            // text the row's model wrote (the sample's row only)
   tf8::Gpt model{nullptr};       // the trained model, in the process that trained it
@@ -92,9 +97,9 @@ double number_or_nan(const nlohmann::json& j, const char* key) {
 }
 void to_json(nlohmann::json& j, const RunResult& r) {
   nlohmann::json curve = nlohmann::json::array();
-  for (const auto& p : r.curve) curve.push_back({p.step, p.train_loss, p.val_loss});
+  for (const auto& p : r.curve) curve.push_back({p.step, p.train_loss, p.val_loss, p.val_loss_se});
   j = {{"steps", r.steps}, {"ms_per_step", r.ms_per_step}, {"tokens_per_s", r.tokens_per_s}, {"peak_mib", r.peak_mib},
-       {"val_loss", r.val_loss}, {"curve", curve}, {"sample", r.sample}};
+       {"val_loss", r.val_loss}, {"val_loss_se", r.val_loss_se}, {"curve", curve}, {"sample", r.sample}};
 }
 RunResult row_from_json(const std::string& name, const nlohmann::json& j) {
   RunResult r;
@@ -104,9 +109,12 @@ RunResult row_from_json(const std::string& name, const nlohmann::json& j) {
   r.tokens_per_s = number_or_nan(j, "tokens_per_s");
   r.peak_mib = number_or_nan(j, "peak_mib");
   r.val_loss = number_or_nan(j, "val_loss");
+  r.val_loss_se = number_or_nan(j, "val_loss_se");
+  auto number_at = [](const nlohmann::json& point, size_t i) {  // a row of an older run has no standard error
+    return point.size() > i && point.at(i).is_number() ? point.at(i).get<double>() : NAN;
+  };
   for (const auto& p : j.value("curve", nlohmann::json::array()))
-    r.curve.push_back({p.at(0).get<int64_t>(), p.at(1).is_number() ? p.at(1).get<double>() : NAN,
-                       p.at(2).is_number() ? p.at(2).get<double>() : NAN});
+    r.curve.push_back({p.at(0).get<int64_t>(), number_at(p, 1), number_at(p, 2), number_at(p, 3)});
   r.sample = j.value("sample", "");
   return r;
 }
@@ -126,11 +134,31 @@ std::unique_ptr<torch::optim::Optimizer> gpt_optimizer(const std::vector<torch::
   return optimizer;
 }
 
+// The mean loss of s.eval_iters validation batches, in eval mode and under `precision`'s autocast,
+// and its standard error (NaN for one batch).
+std::pair<double, double> validation_loss(tf8::Gpt& model, const Setting& s, amplab::Precision precision,
+                                          int64_t block_size) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  amplab::AutocastGuard autocast(s.device, precision);
+  std::vector<double> losses;
+  for (int64_t i = 0; i < s.eval_iters; ++i) {
+    auto [x, y] = s.data->batch(s.data->val, s.batch, block_size, s.device);
+    losses.push_back(model->loss(x, y).item<double>());
+  }
+  model->train();
+  const double n = static_cast<double>(losses.size()), mean = std::accumulate(losses.begin(), losses.end(), 0.0) / n;
+  double squares = 0;
+  for (double loss : losses) squares += (loss - mean) * (loss - mean);
+  return {mean, losses.size() > 1 ? std::sqrt(squares / (n - 1) / n) : NAN};
+}
+
 // Trains one row from the seed: lab 2's training step (autocast, GradScaler) through the core's
 // trainer, with nanoGPT's optimizer groups and learning-rate schedule. ms/step counts the steps
 // after `warmup`, with the device synchronized around each; the evaluations (the mean loss of
-// `eval_iters` validation batches, in eval mode and the row's autocast) are left out of it, and
-// each adds a point to the row's curve. A stop signal ends the row after the step in progress
+// `eval_iters` validation batches, in eval mode and the row's autocast, with its standard error:
+// how far two evaluations of the same model on other batches may lie apart) are left out of it,
+// and each adds a point to the row's curve. A stop signal ends the row after the step in progress
 // (Interrupted): a row is kept whole or not at all.
 RunResult train_row(const Variant& v, const Setting& s) {
   RunResult r;
@@ -159,18 +187,6 @@ RunResult train_row(const Variant& v, const Setting& s) {
     amplab::log::info(v.name + ": " + path.description);
   }
   if (path.run_step) r.steps = "CUDA graph";
-  auto validation_loss = [&] {
-    torch::NoGradGuard no_grad;
-    model->eval();
-    amplab::AutocastGuard autocast(s.device, v.precision);
-    double sum = 0;
-    for (int64_t i = 0; i < s.eval_iters; ++i) {
-      auto [x, y] = s.data->batch(s.data->val, s.batch, options.block_size, s.device);
-      sum += model->loss(x, y).item<double>();
-    }
-    model->train();
-    return sum / static_cast<double>(s.eval_iters);
-  };
   amplab::reset_peak_memory(s.device);
   double timed_ms = 0;
   for (int64_t step = 1; step <= s.steps; ++step) {
@@ -185,8 +201,8 @@ RunResult train_row(const Variant& v, const Setting& s) {
     if (step > s.warmup) timed_ms += clock.milliseconds();
     if (step % s.eval_every != 0 && step != s.steps) continue;
     const double train_loss = loss.item<double>();
-    r.val_loss = validation_loss();
-    r.curve.push_back({step, train_loss, r.val_loss});
+    std::tie(r.val_loss, r.val_loss_se) = validation_loss(model, s, v.precision, options.block_size);
+    r.curve.push_back({step, train_loss, r.val_loss, r.val_loss_se});
     amplab::log::info(v.name + " step " + std::to_string(step) + ": train " + amplab::fixed(train_loss, 4) + ", val " +
                       amplab::fixed(r.val_loss, 4));
   }
@@ -291,18 +307,20 @@ void record_precisions(Lab& lab, const Setting& s, const std::vector<RunResult>&
   auto& table = lab.results.table(
       "precision", {{"row", "row"}, {"steps", "steps"}, {"ms_per_step", "ms/step", amplab::decimals(lab.on_cpu() ? 1 : 2)},
                     {"tokens_per_s", "tokens/s", amplab::decimals(0)}, {"peak_mib", "peak MiB", amplab::decimals(0)},
-                    {"val_loss", "val loss (last)", amplab::decimals(4)},
+                    {"val_loss", "val loss (last)", amplab::decimals(4)}, {"val_loss_se", "s.e.", amplab::decimals(4)},
                     {"speedup_vs_fp32", "speed-up vs fp32", amplab::times(2)}, {"skipped_because", ""}});
   std::string notes;
   for (const auto& r : rows) {
     const bool ran = r.skipped_because.empty();
-    table.add({r.name, ran ? nlohmann::json(r.steps) : nlohmann::json(), r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss, fp32_ms / r.ms_per_step,
+    table.add({r.name, ran ? nlohmann::json(r.steps) : nlohmann::json(), r.ms_per_step, r.tokens_per_s, r.peak_mib, r.val_loss,
+               r.val_loss_se, fp32_ms / r.ms_per_step,
                ran ? nlohmann::json() : nlohmann::json(r.skipped_because)});
     if (!ran) notes += "  " + r.name + ": skipped, " + r.skipped_because + "\n";
   }
   lab.results.print("precision",
                     "Precisions (" + std::to_string(s.steps) + " steps each, ms/step over the steps after the first " +
-                        std::to_string(s.warmup) + "; val loss over " + std::to_string(s.eval_iters) + " batches)",
+                        std::to_string(s.warmup) + "; val loss over " + std::to_string(s.eval_iters) +
+                        " batches, s.e. its standard error)",
                     notes + (lab.on_cpu() ? "peak MiB: the process's RSS high-water mark (on the CPU it only grows from row to row)\n"
                                           : "peak MiB: the most bytes tensors held during the row (CUDA caching allocator)\n"));
 }
@@ -311,13 +329,13 @@ void record_precisions(Lab& lab, const Setting& s, const std::vector<RunResult>&
 // the losses table, and the precision table, also of the rows finished before a Ctrl-C.
 std::vector<RunResult> precision_study(Lab& lab, const Setting& s, const tf8::CharData& data, amplab::StudyProgress& progress) {
   std::vector<RunResult> rows;
-  auto& losses = lab.results.table("losses", {{"row", ""}, {"step", ""}, {"train_loss", ""}, {"val_loss", ""}});
+  auto& losses = lab.results.table("losses", {{"row", ""}, {"step", ""}, {"train_loss", ""}, {"val_loss", ""}, {"val_loss_se", ""}});
   const std::string sample_row = sample_row_of(lab.config.study, s);
   amplab::run_then_record(
       [&] {
         for (const auto& name : lab.config.study.rows) {
           rows.push_back(study_row(lab, s, data, progress, name, name == sample_row));
-          for (const auto& p : rows.back().curve) losses.add({name, p.step, p.train_loss, p.val_loss});
+          for (const auto& p : rows.back().curve) losses.add({name, p.step, p.train_loss, p.val_loss, p.val_loss_se});
         }
       },
       [&] { record_precisions(lab, s, rows); });

@@ -52,6 +52,9 @@ struct BenchSetting {
   bool step_each_bucket = true;                 // else one optimizer step after the sync
   bool bf16_gradients = false;                  // else dist.compression as configured
   int64_t first_layer_pieces = 1;
+  int64_t width = 0;                            // the MLP's width; 0: bench.width
+  double bucket_mb = 0;                         // the bucket cap; 0: dist.bucket_mb
+  bool traced = true;                           // with bench.trace (the bucket sweep's rows are not)
 };
 
 // The rows bench.settings names, after the plain MLP alone (the baseline of every efficiency):
@@ -86,6 +89,7 @@ struct BenchTimes {
   std::vector<double> back_to_back_phases;  // the last back-to-back window's
   nlohmann::json gpu, gpu_back_to_back;    // every rank's GPU reading while timing
   nlohmann::json ranks_agree;              // every rank's parameters the same after the timed steps (null: alone)
+  int64_t buckets = 0;                     // the buckets the sync made (bucketed only)
 };
 
 // bench.trace: the profiler's traces of `step` (waited for, then back to back) and two more
@@ -119,9 +123,11 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
                         amplab::GpuMonitor& monitor, const std::string& trace_dir, Timeline& timeline,
                         const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
+  const int64_t width = setting.width > 0 ? setting.width : b.width;
   torch::manual_seed(0);
-  auto mlp = amplab::make_mlp(b.width, b.layers, setting.first_layer_pieces);
+  auto mlp = amplab::make_mlp(width, b.layers, setting.first_layer_pieces);
   amplab::dist::DistConfig dist_config = config.dist;
+  if (setting.bucket_mb > 0) dist_config.bucket_mb = setting.bucket_mb;
   dist_config.overlap = setting.overlap;
   dist_config.step_each_bucket = setting.step_each_bucket;
   if (setting.bf16_gradients) dist_config.compression = amplab::dist::Compression::bf16;
@@ -151,7 +157,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
   // Each rank its own batch, as in data-parallel training: a sync that averaged nothing would
   // leave the ranks' parameters apart, which the check after the timing sees.
   torch::manual_seed(1 + setup.world.rank);
-  amplab::Batch batch{torch::randn({b.batch, b.width}, setup.device), torch::zeros({b.batch}, setup.device)};
+  amplab::Batch batch{torch::randn({b.batch, width}, setup.device), torch::zeros({b.batch}, setup.device)};
   auto step = [&] {
     phases.start_step();
     trainer.step(batch);
@@ -173,7 +179,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
   t.gpu = readings_of_all_ranks(*setup.comm, monitor.stop());
   t.each = amplab::summarize(times);
   t.phases = phases.medians();
-  if (b.trace) trace_setting(setting.name, step, setup, trace_dir, timeline, timeline_comm.get());
+  if (b.trace && setting.traced) trace_setting(setting.name, step, setup, trace_dir, timeline, timeline_comm.get());
   // Back to back, as a training loop runs: no wait between steps, so the ranks stay in step
   // through their all-reduces instead of each starting a step when its own host wakes up.
   setup.comm->barrier();
@@ -183,7 +189,38 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
   t.gpu_back_to_back = readings_of_all_ranks(*setup.comm, monitor.stop());
   t.back_to_back_phases = phases.medians();  // the last window's steps
   if (!setting.alone) t.ranks_agree = check_parameters_identical(*setup.comm, *mlp).identical;
+  if (auto* bucketed = dynamic_cast<BucketedDdp*>(sync.get())) t.buckets = static_cast<int64_t>(bucketed->bucket_layout().size());
   return t;
+}
+
+// bench.bucket_sweep_mb: the plain MLP of bench.bucket_sweep_width alone, then bucketed (one
+// optimizer step after the sync, as the bench's `bucketed` row) with each cap, into
+// bucket_sweep.csv: how many buckets the sync made of the MLP at each cap, and what each cost.
+void run_bucket_sweep(const DdpConfig& config, const Setup& setup, amplab::GpuMonitor& monitor, Timeline& timeline,
+                      amplab::Results& results, const amplab::StepMechanisms& mechanisms,
+                      const amplab::OptimizerFactory& fused_optimizer) {
+  const auto& b = config.bench;
+  const auto ms2 = amplab::decimals(2);
+  auto& table = results.table("bucket_sweep", {{"bucket_mb", "dist.bucket_mb", amplab::decimals(0)},
+                                               {"buckets", "buckets", amplab::decimals(0)}, {"step_ms", "ms/step", ms2},
+                                               {"efficiency", "efficiency", amplab::percent_of_one(1)},
+                                               {"exposed_allreduce_ms", "exposed (ms)", ms2}, {"backward_ms", "backward", ms2},
+                                               {"after_backward_ms", "after backward", ms2},
+                                               {"back_to_back_step_ms", "back-to-back ms/step", ms2},
+                                               {"ranks_agree", "same parameters on every rank"}});
+  const std::string mlp = std::to_string(b.layers) + " x Linear(" + std::to_string(b.bucket_sweep_width) + ")";
+  const BenchTimes alone = time_setting({.name = "alone, " + mlp, .alone = true, .width = b.bucket_sweep_width, .traced = false},
+                                        config, setup, monitor, "", timeline, mechanisms, fused_optimizer);
+  table.add({nlohmann::json(), nlohmann::json(), alone.each.median, 1.0, nlohmann::json(), alone.phases[1], alone.phases[2],
+             alone.back_to_back, nlohmann::json()});
+  for (const int64_t cap : b.bucket_sweep_mb) {
+    const BenchSetting setting{.name = "bucketed, " + mlp + ", " + std::to_string(cap) + " MiB buckets",
+                               .step_each_bucket = false, .width = b.bucket_sweep_width,
+                               .bucket_mb = static_cast<double>(cap), .traced = false};
+    const BenchTimes t = time_setting(setting, config, setup, monitor, "", timeline, mechanisms, fused_optimizer);
+    table.add({cap, t.buckets, t.each.median, alone.each.median / t.each.median, t.each.median - alone.each.median,
+               t.phases[1], t.phases[2], t.back_to_back, t.ranks_agree});
+  }
 }
 
 }  // namespace
@@ -228,6 +265,7 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
                                        per_rank(g, "watts", 1, " W"), per_rank(g, "power_capped_fraction", 100, "%")});
     readings.push_back({{"setting", setting.name}, {"each", t.gpu}, {"back_to_back", g}});
   }
+  if (!b.bucket_sweep_mb.empty()) run_bucket_sweep(config, setup, monitor, timeline, results, mechanisms, fused_optimizer);
   results.set("gpu_per_rank", readings);
   results.set("world_size", world.world_size);
   results.set("backend", setup.comm->backend());
@@ -245,6 +283,12 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
                 "the phases of the last back-to-back run's steps (medians, ms); a step's time beyond their sum is the "
                 "gap between steps. SM clock and power: each rank's GPU (rank 0/rank 1/...), medians of NVML samples "
                 "every 10 ms while timing; power-capped: the share of samples in which the power cap held the clock down\n");
+  if (!b.bucket_sweep_mb.empty())
+    results.print("bucket_sweep",
+                  "Bucket caps: MLP " + std::to_string(b.layers) + " x Linear(" + std::to_string(b.bucket_sweep_width) +
+                      "), batch " + std::to_string(b.batch) + " per rank, bucketed with one optimizer step after the sync",
+                  "the first row is that MLP alone: efficiency and exposed (ms) are against it; buckets: how many your "
+                  "build_buckets made of the MLP's parameters at that cap\n");
   return amplab::kExitOk;
 }
 

@@ -22,6 +22,8 @@ inline const std::vector<std::string> kBenchSettings = {"naive", "flat", "overla
 struct DdpBenchConfig {
   bool enabled = false, trace = false;
   int64_t width = 8192, layers = 4, batch = 8192, first_layer_pieces = 4;
+  std::vector<int64_t> bucket_sweep_mb = {1, 25, 200};
+  int64_t bucket_sweep_width = 2048;
   amplab::Precision precision = amplab::Precision::bf16_mixed;
   int warmup = 5, steps = 20;
   std::vector<std::string> settings = kBenchSettings;
@@ -44,6 +46,15 @@ struct DdpBenchConfig {
     v.field("first_layer_pieces", first_layer_pieces,
             "the 'pieces' settings cut the MLP's first Linear into this many pieces (amplab::LinearInPieces), whose "
             "all-reduces then start piece by piece during backward",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("bucket_sweep_mb", bucket_sweep_mb,
+            "after the settings, bucketed (one optimizer step after the sync) again with each of these "
+            "dist.bucket_mb caps, on an MLP of bench.bucket_sweep_width, beside that MLP alone (bucket_sweep.csv: "
+            "the buckets each cap made and the times); [] leaves the sweep out",
+            amplab::Range<int64_t>::at_least(1));
+    v.field("bucket_sweep_width", bucket_sweep_width,
+            "MLP width of the bucket sweep: at 2048 a layer's fp32 gradients are 16 MiB, so caps of 1, 25 and 200 MiB "
+            "make 4, 2 and 1 buckets of the 4 layers (at width 8192 every cap below 256 MiB makes one a layer)",
             amplab::Range<int64_t>::at_least(1));
     v.field("trace", trace,
             "write timeline_<setting>.json (every rank's phases and all-reduces, from the host's clock: on CPU ranks "

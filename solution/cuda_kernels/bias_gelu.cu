@@ -35,7 +35,7 @@ __global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __res
   // reads it back for the GELU: the fused kernel moves about half the bytes. A grid-stride loop
   // over V-element vectors (16-byte loads and stores; V > 1 only when the launcher saw that cols is
   // a multiple of V and the pointers are aligned, so that a vector never straddles two rows), or
-  // over single elements for V == 1. The bias is (cols): column of element i is i % cols.
+  // over single elements for V == 1. The bias holds one value per column; x is row-major.
   // BEGIN SOLUTION DEVICE
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -105,12 +105,12 @@ __global__ void __launch_bounds__(kStripCols * kStripWarps, 2)
   // (grad_y * gelu_tanh_grad(z), rounded to T), and grad_bias, the sum of grad_x down each column.
   // The column sums decide the shape: block b owns the kStripCols columns from b * kStripCols and
   // all the rows, so it can finish its columns' sums itself, in a fixed order (the same bits every
-  // run) and with no second kernel. Lane l of warp w handles column l (the warp reads 32
-  // consecutive elements of a row: coalesced) in rows w, w + kStripWarps, ... and keeps its part
-  // of the column's sum in a register (sum the rounded grad_x values, in fp32). Unroll the row loop
-  // (several rows' loads in flight). Then the warps' sums meet in shared memory and one warp adds
-  // them up per column and writes grad_bias (rounded to T). Columns past cols do no loads but must
-  // still reach the __syncthreads. rows == 0 still writes grad_bias = 0.
+  // run) and with no second kernel. Map the block's threads so that a warp reads consecutive
+  // elements of a row (coalesced) and each thread keeps its part of one column's sum in a register
+  // (sum the rounded grad_x values, in fp32), with several rows' loads in flight per thread. Then
+  // the parts of each column meet in shared memory and are added up in a fixed order into
+  // grad_bias (rounded to T). Threads past the last column do no loads but must still reach the
+  // __syncthreads. rows == 0 still writes grad_bias = 0.
   // BEGIN SOLUTION DEVICE
   __shared__ float sums[kStripWarps][kStripCols];
   const int lane = threadIdx.x, warp = threadIdx.y;

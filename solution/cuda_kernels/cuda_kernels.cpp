@@ -229,11 +229,11 @@ using torch::autograd::tensor_list;
 
 struct BiasGelu : torch::autograd::Function<BiasGelu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias) {
-    // TODO(cuda_kernels-15): The forward of a torch::autograd::Function: run the fused forward
-    // kernel (bias_gelu_forward above: it checks the tensors) and keep for backward what it needs
-    // (ctx->save_for_backward). Which tensors? The backward recomputes z = x + bias inside its
-    // kernel, so x and bias are enough: nothing of the size of x is stored beyond x itself (the
-    // composed ops keep x + bias, a second tensor of x's size, for gelu's backward).
+    // TODO(cuda_kernels-15): The forward of a torch::autograd::Function: the fused forward kernel
+    // (its tensor wrapper above checks the tensors), and for backward only what the fused backward
+    // kernel reads. Which tensors? That kernel recomputes the biased input itself, so nothing of
+    // x's size needs keeping beyond x (the composed ops keep the biased input, a second tensor of
+    // x's size, for gelu's backward).
     // BEGIN SOLUTION
     torch::Tensor y = bias_gelu_forward(x, bias);
     ctx->save_for_backward({x, bias});

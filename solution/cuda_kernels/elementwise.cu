@@ -37,9 +37,9 @@ __global__ void add_grid_stride_kernel(const float* __restrict__ a, const float*
 
 void vector_add_grid_stride(const float* a, const float* b, float* c, int64_t n, int threads, cudaStream_t stream) {
   // TODO(cuda_kernels-2): Check n and threads, launch nothing for n == 0 (before any CUDA call:
-  // the tests call this without a GPU), then launch add_grid_stride_kernel on `stream` with
-  // grid_stride_blocks(...): sm_count() SMs, and as many blocks per SM as fit at once
-  // (blocks_per_sm(kernel, threads)). check_launch after the launch.
+  // the tests call this without a GPU), then launch the kernel on `stream` with the grid your
+  // grid_stride_blocks gives for this GPU (cuda_check.cuh's helpers tell its SMs and how many
+  // blocks of this kernel fit on one at a time). check_launch after the launch.
   // BEGIN SOLUTION
   check_size("vector_add_grid_stride", "n", n);
   check_threads("vector_add_grid_stride", threads, /*power_of_two=*/false);

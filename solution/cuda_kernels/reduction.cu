@@ -92,10 +92,11 @@ void reduce_interleaved(const float* x, int64_t n, float* out, float* workspace,
 // ---- 2. sequential addressing ------------------------------------------------------------------
 
 __global__ void reduce_sequential_kernel(const float* __restrict__ in, int64_t n, float* __restrict__ partial) {
-  // TODO(cuda_kernels-5): The same tree, turned around: at step s = blockDim.x / 2, /4, ..., 1 the
-  // threads tid < s add sums[tid + s] into sums[tid]. The working threads are now the first s,
-  // contiguous: whole warps work or whole warps skip (no divergence until s < 32), and the 32
-  // threads of a warp read 32 consecutive words: 32 different banks, no bank conflict.
+  // TODO(cuda_kernels-5): The same tree, turned around: the distance between the two elements an add
+  // combines starts large and halves at each step, and the threads that work at a step are the
+  // first ones, contiguous. Then whole warps work or whole warps skip (no divergence until fewer
+  // than 32 threads work), and the 32 threads of a warp read 32 consecutive words: 32 different
+  // banks, no bank conflict. The same rule for __syncthreads as TODO 4.
   // BEGIN SOLUTION DEVICE
   extern __shared__ float sums[];
   const unsigned tid = threadIdx.x;

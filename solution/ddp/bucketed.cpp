@@ -2,16 +2,12 @@
 // collective's latency per parameter; step 2 pays it once, but only after backward. Buckets are
 // the middle: parameters grouped into buckets of about dist.bucket_mb, each bucket one all-reduce,
 // started during backward as soon as its last gradient is in. Gradients live in the buckets'
-// flat buffers (each .grad a view into its bucket), so nothing is copied in and out. See
-// labs/ddp/README.md, "Step 4". The solution of this file is the course's reference DDP.
-//
-// How the reference lays gradients out: a parameter that closes its bucket by being larger than
-// the cap (a big weight), and any parameter with no other small one beside it, keeps its own
-// .grad, all-reduced in place (autograd writes it there; nothing is copied). Two or more smaller
-// parameters of a bucket share its flat buffer, each .grad aliasing its slice (PyTorch's
-// gradient_as_bucket_view=True). With zero_grad(false) autograd accumulates straight into the
-// slice; with zero_grad() (set_to_none, what the trainer does) autograd stores a fresh tensor and
-// the hook copies it into the slice and points .grad back at it (stats().grad_copies).
+// flat buffers, each .grad a view of its slice (PyTorch's gradient_as_bucket_view=True), so the
+// all-reduce works on them in place, with no copy into a bucket and back out around it. With
+// zero_grad(false) autograd accumulates straight into the slice; with zero_grad() (set_to_none,
+// what the trainer does) autograd stores a fresh tensor and the hook copies it into the slice and
+// points .grad back at it (stats().grad_copies). See labs/ddp/README.md, "Step 4". The solution of
+// this file is the course's reference DDP.
 //
 // Parameters without a gradient in a step (a branch not taken on this rank) contribute zeros;
 // after finish every trainable parameter has a defined .grad, equal on all ranks, so all ranks
@@ -156,8 +152,10 @@ void BucketedDdp::build_buckets(double bucket_mb) {
     bucket.slots = group;
     bucket.pending = group.size();
     for (size_t k : group) slots_[k].bucket = buckets_.size();
-    // The parameter that closed the bucket by itself (larger than the cap) is all-reduced in its
-    // own .grad; two or more others share the flat buffer.
+    // The reference's layout, a step beyond the README's: the parameter that closed the bucket by
+    // itself (larger than the cap: a big weight) keeps its own .grad, all-reduced in place
+    // (autograd writes it there, and even set_to_none needs no copy), and so does any parameter
+    // with no other small one beside it; two or more smaller ones share the flat buffer.
     std::vector<size_t> small = group;
     if (group.size() == 1 || bytes_of(slots_[group.back()].param) >= cap_bytes) small.pop_back();
     if (small.size() < 2) {

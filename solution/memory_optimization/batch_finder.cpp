@@ -53,19 +53,19 @@ BatchTrial try_batch(const BatchStep& step, torch::nn::Module& model, torch::Dev
   // END SOLUTION
 }
 
-// TODO(memory_optimization-2): the search.
-//  - Before anything, a TrainingSnapshot(model, optimizer) (host copies: it takes no GPU memory
-//    from the trials); restore it after every trial, so that each starts from the same state and
-//    none leaks into training, and also when a trial throws (then rethrow).
-//  - Every batch tried is a multiple of m = config.multiple_of, at most round_down_to(max_batch, m);
-//    keep every trial, in order, in search.trials (try_batch makes them).
-//  - Grow: from config.start rounded up to a multiple of m, doubling (capped at the maximum) while
-//    batches fit. Then bisect between the largest that fit and the first that did not, down to
-//    m apart (the midpoint rounded down to a multiple of m, at least one m above the low end).
-//  - largest_fit, smallest_oom (0 when none did not fit), recommended = largest_fit x (1 -
-//    safety_margin) rounded down to a multiple of m and at most largest_fit (0 when nothing fit),
-//    best_throughput / best_samples_per_second from best_throughput().
-//  - start, multiple_of, max_batch or trial_steps below 1: an amplab::Error.
+// TODO(memory_optimization-2): the search (README, "The batch-size finder").
+//  - The model, the optimizer and the generators are as they were before the search after every
+//    trial, and after the search, also when a trial throws (then rethrow): the core's
+//    TrainingSnapshot keeps host copies of them, so it takes no GPU memory from the trials.
+//  - Every batch tried is a multiple of config.multiple_of and no larger than config.max_batch
+//    allows; every trial is kept, in order, in search.trials (try_batch makes them).
+//  - Grow: from config.start (rounded up to the multiple), doubling (never past the maximum) while
+//    batches fit. Then bisect between the largest that fit and the first that did not, until they
+//    are one multiple apart (each midpoint on the multiple, above the low end).
+//  - The result: the largest batch that fit and the smallest that did not (0 when every one fit),
+//    the recommended batch (the largest fit less the safety margin, on the multiple, never above
+//    the largest fit; 0 when nothing fit), and the fastest batch (best_throughput(), given).
+//  - A config whose sizes or counts are below 1 is an amplab::Error.
 // Why bisect: memory grows linearly with the batch, so the limit is one crossing point; doubling
 // finds a bracket in log(n) trials and bisection narrows it in log(n) more (a linear scan takes n).
 BatchSearch find_batch_size(const BatchStep& step, torch::nn::Module& model, torch::optim::Optimizer* optimizer,

@@ -62,9 +62,11 @@ amplab::TrainConfig train_config_for(const Mode& mode, const amplab::TrainConfig
 
 MemoryUse memory_use(const amplab::MemoryTracker& tracker) {
   MemoryUse use;
-  // TODO(mnist-4): Read the tracker's peak per phase (phase_peak(amplab::Phase::forward) and so
-  // on, in bytes) and convert to MiB (1 MiB = 2^20 bytes); peak_mib is the largest of the three.
-  // source: "cpu_rss" when amplab::memory_is_rss(tracker.device()), else "cuda_allocator".
+  // TODO(mnist-4): The tracker's peak of each phase (forward, backward, optimizer), in MiB (2^20
+  // bytes; the tracker counts bytes), and the peak of the whole step. Say what the numbers are:
+  // `source` names where they come from (see MemoryUse in mnist.hpp): on the CPU the tracker reads
+  // the process's resident memory, which counts everything the process holds, on a GPU the CUDA
+  // caching allocator's bytes held by tensors (amplab::memory_is_rss tells which).
   // BEGIN SOLUTION
   auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   use.forward_mib = mib(tracker.phase_peak(amplab::Phase::forward));

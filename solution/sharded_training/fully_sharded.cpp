@@ -7,12 +7,12 @@
 
 namespace zero_lab {
 
-// TODO(sharded_training-5): a prefetch. Start unit u's all-gather (start_gather(u): it gives the
-// unit's whole buffer its memory and sets unit.gathering) and return at once, so that it travels
-// while something else computes. Nothing when prefetching is off (prefetch_), when u is out of
-// range (the layer after the last, the one before the first), or when the unit is already
-// gathered or on its way.
-// Pitfall: gathering a unit twice allocates its whole buffer twice (start_gather refuses).
+// TODO(sharded_training-5): a prefetch: unit u's all-gather started, and the call returns at once,
+// so that the gather travels while something else computes. Asking for a unit that does not
+// exist (past either end), one already whole or already on its way, or any prefetch while
+// prefetching is off (prefetch_), does nothing.
+// Pitfall: gathering a unit twice gives its whole buffer memory twice (the given start_gather
+// refuses).
 void FullyShardedModel::prefetch(size_t u) {
   // BEGIN SOLUTION
   if (!prefetch_ || u >= units_.size()) return;
@@ -22,12 +22,11 @@ void FullyShardedModel::prefetch(size_t u) {
   // END SOLUTION
 }
 
-// TODO(sharded_training-5): unit u gathered, ready to compute with. Nothing when it is already;
-// else wait for its prefetch (unit.gathering->wait(): on a GPU the compute stream waits for the
-// all-gather, the host goes on), or gather it now if none was issued, then forget the Work and
-// mark it gathered (unit.gathered).
-// Pitfall: a prefetch nobody waits for: the layer computes with memory the all-gather is still
-// writing (run_unit refuses a unit whose Work was not waited for and forgotten).
+// TODO(sharded_training-5): afterwards unit u is whole and safe to compute with, whether its gather
+// was prefetched, is still on its way, or was never started. The unit's flags (sharded_training.hpp,
+// Unit) must say so, because run_unit checks them.
+// Pitfall: a gather nobody waited for: the layer would compute on memory the all-gather is still
+// writing (on a GPU, waiting makes the compute stream wait, not the host).
 void FullyShardedModel::unshard(size_t u) {
   // BEGIN SOLUTION
   Unit& unit = units_.at(u);
@@ -39,12 +38,13 @@ void FullyShardedModel::unshard(size_t u) {
   // END SOLUTION
 }
 
-// TODO(sharded_training-5): before unit u's part of forward runs. Gather it, and if this call is
-// what gathered it (a unit used twice, like the GPT's embeddings, is still gathered at its second
-// part), prefetch the unit forward reaches next, u + 1, so that its all-gather travels while u
-// computes.
+// TODO(sharded_training-5): the moment before unit u's part of forward. Contract: u is whole when its
+// part runs, and the unit forward reaches next is already travelling while u computes. A unit
+// used twice in one forward (the GPT's embeddings) is still whole at its second part: that call
+// has nothing to start.
 // Pitfall: a prefetch issued after the unit computes waits for that computation (on a GPU the
-// communication stream starts a collective only after the work queued before it).
+// communication stream starts a collective only after the work queued before it), and the
+// tests count the matrix products run before each collective.
 void FullyShardedModel::before_forward(size_t u) {
   // BEGIN SOLUTION
   if (units_.at(u).gathered) return;
@@ -53,8 +53,9 @@ void FullyShardedModel::before_forward(size_t u) {
   // END SOLUTION
 }
 
-// TODO(sharded_training-5): after unit u's part of forward. Let its whole parameters go
-// (reshard), unless the unit is kept whole until its backward (unit.reshard_after_forward false).
+// TODO(sharded_training-5): the moment after unit u's part of forward: its whole parameters give
+// their memory back, unless the unit is one that stays whole until its backward
+// (unit.reshard_after_forward).
 // Pitfall: forgetting it keeps every layer whole until backward: DDP's memory, not ZeRO-3's.
 void FullyShardedModel::after_forward(size_t u) {
   // BEGIN SOLUTION
@@ -63,10 +64,10 @@ void FullyShardedModel::after_forward(size_t u) {
 }
 
 // TODO(sharded_training-5): backward has reached unit u's output and is about to run the unit's
-// backward, which needs its whole parameters again (autograd saved them, and their memory went
-// at after_forward). Gather it, and if this call is what gathered it, prefetch the unit backward
-// reaches next, u - 1 (for u > 0).
-// Pitfall: without this, backward reads parameters that have no memory.
+// backward, which reads its whole parameters again (autograd saved views of them, and their memory
+// went at after_forward). Contract: u whole when its backward runs, and the unit backward reaches
+// next (the one before it) already travelling.
+// Pitfall: without this, backward reads parameters that hold no bytes (run_unit refuses).
 void FullyShardedModel::before_backward(size_t u) {
   // BEGIN SOLUTION
   if (units_.at(u).gathered) return;
@@ -75,14 +76,14 @@ void FullyShardedModel::before_backward(size_t u) {
   // END SOLUTION
 }
 
-// TODO(sharded_training-5): autograd has accumulated every one of unit u's gradients into its
-// parameters' .grad. Lay them out as the parameters are, in one whole gradient of padded_numel()
-// elements (parameter i's at layout.offsets[i], zeros in the padding), hand it to
-// reduce_scatter_gradient (it starts the reduce-scatter into grad_shard without waiting), then
-// let the whole gradients go (each parameter's .grad reset) and the whole parameters (reshard).
-// Pitfalls: a .grad left set makes the next backward add into it, and holds a whole unit's
-// gradient between steps; under mixed precision the gradients are bf16: build the whole gradient
-// in their dtype.
+// TODO(sharded_training-5): autograd has accumulated every one of unit u's gradients. Contract:
+// afterwards the unit's mean gradient is on its way to this rank's grad_shard (the given
+// reduce_scatter_gradient starts it, from one whole gradient laid out exactly as the unit's flat
+// parameters are, padding zero), and nothing of the unit is whole any more: neither its
+// parameters nor its parameters' gradients.
+// Pitfalls: a .grad left set makes the next backward add into it and keeps a whole unit's gradient
+// between steps; under mixed precision the gradients are bf16: build the whole gradient in their
+// dtype.
 void FullyShardedModel::after_backward(size_t u) {
   // BEGIN SOLUTION
   Unit& unit = units_.at(u);
@@ -97,11 +98,11 @@ void FullyShardedModel::after_backward(size_t u) {
   // END SOLUTION
 }
 
-// TODO(sharded_training-5): the step of ZeRO-3. For every unit: wait for its gradient's
-// reduce-scatter (a unit without one got no gradient in this backward: an amplab::Error naming
-// the unit), forget the Work, and adamw_shard_step on its shard with its grad_shard and moments
-// (one step count for all units). Nothing to all-gather: the next forward gathers each unit
-// when it needs it.
+// TODO(sharded_training-5): ZeRO-3's step: every unit's shard takes one AdamW step
+// (adamw_shard_step) with its mean gradient shard, once that has arrived, one step count for all
+// units. A unit whose gradient never started this backward is an amplab::Error naming the unit,
+// not a wait. Nothing needs gathering afterwards: the next forward gathers each unit when it
+// needs it.
 void FullyShardedModel::step() {
   // BEGIN SOLUTION
   ++steps_;

@@ -134,14 +134,15 @@ template <class T, bool kE5m2>
 __global__ void to_fp8_transposed_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                          const float* __restrict__ scale, uint8_t* __restrict__ out,
                                          uint8_t* __restrict__ out_t) {
-  // TODO(transformer_fp8-7): Block (blockIdx.y, blockIdx.x) owns the tile of rows row0..row0+63
-  // and columns col0..col0+63. First pass: each thread loads a 16-byte Pack of one tile row,
-  // casts it (saturated_fp8), stores the bytes to `out` (one Fp8Pack) and to the shared tile.
-  // __syncthreads(). Second pass: tile column c is row col0 + c of out_t; each thread gathers 8
-  // consecutive bytes of it (tile[r..r+7][c]) and stores them as one Fp8Pack<8>, so that a warp
-  // writes whole 64-byte runs of out_t. Pitfalls: the edge tiles (rows or cols not a multiple of
-  // 64: bound every load and store); index in int64 (rows * cols can exceed 2^31); pad the tile's
-  // rows so that the column reads of the second pass do not all hit one shared-memory bank.
+  // TODO(transformer_fp8-7): Each block owns a 64 x 64 tile of x (the launcher's grid). Two passes
+  // through shared memory: the first reads the tile row by row in 16-byte Packs, casts each
+  // element (saturated_fp8) and writes the bytes to `out` and to a shared tile; after a
+  // __syncthreads the second reads the shared tile column by column and writes those bytes to
+  // out_t, where a tile column is part of a row: choose the threads' work so that a warp's
+  // stores to out_t are long runs of consecutive bytes, as the first pass's are. Pitfalls: the
+  // edge tiles (rows or cols not a multiple of 64: bound every load and store); index in int64
+  // (rows * cols can exceed 2^31); the column reads of the second pass all hit one shared-memory
+  // bank unless the tile's rows are padded.
   // BEGIN SOLUTION DEVICE
   using P = Pack<T>;
   using Out = Fp8Pack<P::kCount>;

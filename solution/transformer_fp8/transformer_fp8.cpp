@@ -64,19 +64,22 @@ torch::Tensor abs_max(const torch::Tensor& x) {
   // END SOLUTION
 }
 
-// TODO(transformer_fp8-3): fp8_max(format) / max(amax, kAmaxFloor), in float32. The scale maps
-// the tensor's largest magnitude onto the format's largest value: the whole range is used.
-// Pitfall: the inverse (amax / fp8_max) is the *dequantization* factor, not this scale.
+// TODO(transformer_fp8-3): the tensorwise scale, a 0-dim float32 tensor: the factor that maps the
+// tensor's largest magnitude (amax) onto the format's largest value (README, "FP8: formats and
+// scaling recipes"), so that the cast uses the whole range. An all-zero tensor (amax 0) must still
+// get a finite scale: the header's kAmaxFloor is the smallest amax a scale is made from.
+// Pitfall: the inverse is the *dequantization* factor, what the matmul multiplies by afterwards.
 torch::Tensor scale_from_amax(const torch::Tensor& amax, Fp8Format format) {
   // BEGIN SOLUTION
   return fp8_max(format) / amax.to(torch::kFloat32).clamp_min(kAmaxFloor);
   // END SOLUTION
 }
 
-// TODO(transformer_fp8-3): the saturated cast. Multiply in float32 (a bf16 x times a 0-dim
-// float32 scale stays bf16 by torch's promotion rules, and rounds twice), clamp to
-// [-fp8_max, fp8_max], then cast. Pitfall: a plain .to() of a value beyond the range gives NaN in
-// e4m3 (it has no infinity) and inf in e5m2; the clamp is what makes the cast saturate.
+// TODO(transformer_fp8-3): the saturated cast: x times its scale, in the FP8 format, where a value
+// beyond the format's range becomes the largest finite value of its sign (PyTorch's bytes: the
+// tests compare them one by one). Pitfalls: the product's dtype: a bf16 x times a 0-dim float32
+// scale stays bf16 by torch's promotion rules and rounds twice; and a plain cast of a value beyond
+// the range gives NaN in e4m3 (it has no infinity) and inf in e5m2: saturating is yours to do.
 torch::Tensor to_fp8(const torch::Tensor& x, const torch::Tensor& scale, Fp8Format format) {
   // BEGIN SOLUTION
   const double limit = fp8_max(format);
@@ -95,16 +98,15 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                                                torch::autograd::tensor_list grad_outputs);
 };
 
-// TODO(transformer_fp8-4): forward. Cast x and weight to e4m3 with their scales, each in both
-// layouts (cast_to_fp8_with_transpose: your to_fp8 and a copy of its transpose, or your TODO 7
-// kernel on a GPU once it is done), and return at::_scaled_mm(x8, w8^T, scale_a, scale_b,
-// bias={}, out_dtype=x's dtype). Keep for backward (ctx->save_for_backward) what its two matmuls
-// take: the transposed layouts and the scales; fp8 is half the bytes of bf16, which is part of
-// what FP8 saves.
+// TODO(transformer_fp8-4): forward: y = x w^T, in x's dtype, computed by torch's FP8 matmul
+// (at::_scaled_mm) on x and the weight cast to e4m3 at the scales given. The header's
+// cast_to_fp8_with_transpose gives a cast and its transpose together (your to_fp8 and a copy, or
+// your TODO 7 kernel on a GPU once it is done). Save for backward what its two matmuls will read,
+// in the bytes they read it: FP8 operands are half of bf16's, which is part of what FP8 saves.
 // Contract of _scaled_mm (torch 2.11): mat1 row-major, mat2 column-major (on a GPU; the CPU
-// accepts either): w8 is (out, in) row-major, so w8.t() is already the column-major (in, out)
-// operand; sizes multiples of 16 on a GPU; scale_a and scale_b are the *dequantization* factors
-// (0-dim float32: 1 / the cast's scale), which the matmul multiplies its fp32 accumulator by.
+// accepts either), and the .t() of a row-major tensor is column-major; sizes multiples of 16 on
+// a GPU; its two scales are the *dequantization* factors (0-dim float32: the inverse of the
+// cast's scale), which the matmul multiplies its fp32 accumulator by.
 torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                          const torch::Tensor& weight, const torch::Tensor& x_scale,
                                          const torch::Tensor& w_scale) {
@@ -123,12 +125,10 @@ torch::Tensor Fp8LinearFunction::forward(torch::autograd::AutogradContext* ctx, 
 // and dL/dw (out, in), accumulated in fp32 and then in the weight's dtype. Derive both first
 // (README, "The linear's backward, derived"): write y = x w^T element by element, apply the chain
 // rule, and read each sum as a matmul of two of g, x and w. The shapes leave one way to write
-// each. Then run both matmuls on _scaled_mm, with g cast to e5m2 at its own dynamic scale
-// (amax_for_cast -> scale_from_amax -> cast_to_fp8_with_transpose: gradients need e5m2's range
-// more than e4m3's precision). _scaled_mm takes its first operand row-major and its second
-// column-major, which is the .t() of a row-major tensor. Pick, for each operand, the layout that
-// forward saved or the one the gradient's cast made. Return one gradient per forward input:
-// {dx, dw, undefined, undefined} (the scales get none).
+// each. Then run both matmuls on _scaled_mm, with g cast to e5m2 at a dynamic scale of its own
+// (the header's amax_for_cast, then your TODO 3: gradients need e5m2's range more than e4m3's
+// precision). For each operand, pick the layout that forward saved or the one the gradient's cast
+// made. Return one gradient per forward input, in order; the scales get none.
 // Pitfalls: e5m2 x e5m2 is not an FP8 matmul the GPU has; e5m2 x e4m3 is. Compute only the
 // gradients autograd asks for (ctx->needs_input_grad(i), an undefined tensor for the others): a
 // network's first layer gets an input that needs no gradient, and its dL/dx would cost a whole
@@ -187,10 +187,11 @@ AmaxHistory::AmaxHistory(int64_t length, Fp8Format format) : length_(length), fo
   history_ = torch::zeros({length}, torch::kFloat32);
 }
 
-// TODO(transformer_fp8-5): fp8_max / max(history) as a 0-dim float32 tensor, 1 where the
-// history's max is 0 (nothing recorded yet: a scale from kAmaxFloor would multiply by 4e14).
-// Pitfalls: the max of the whole ring, not the latest amax (that is dynamic scaling, one step
-// late); no .item() (a choice on the device: torch::where).
+// TODO(transformer_fp8-5): the delayed scale (README, "delayed"), a 0-dim float32 tensor: TODO 3's
+// scale, made from the largest amax the whole ring remembers; 1 while nothing has been recorded
+// (a scale from kAmaxFloor would multiply by 4e14).
+// Pitfalls: the latest amax alone is dynamic scaling one step late, not delayed scaling; no
+// .item(): the choice between the two cases is made on the device.
 torch::Tensor AmaxHistory::scale() const {
   // BEGIN SOLUTION
   torch::Tensor largest = history_.max();
@@ -198,9 +199,9 @@ torch::Tensor AmaxHistory::scale() const {
   // END SOLUTION
 }
 
-// TODO(transformer_fp8-5): write `amax` into slot next_ and advance next_ around the ring
-// (after slot length-1 comes slot 0). The first amax seen on another device moves the history
-// there. Pitfall: write into the tensor in place (a device copy, no sync).
+// TODO(transformer_fp8-5): remember `amax` in the ring, overwriting the oldest entry once the ring
+// is full. The first amax seen on another device moves the history there. Pitfall: write into
+// the tensor on the device (a device copy, no sync), not through a host number.
 void AmaxHistory::record(const torch::Tensor& amax) {
   // BEGIN SOLUTION
   if (history_.device() != amax.device()) history_ = history_.to(amax.device());

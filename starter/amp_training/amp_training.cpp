@@ -35,22 +35,23 @@ amplab::StepResult train_step(amplab::Trainer& trainer, const amplab::Batch& bat
 }
 
 // TODO(amp_training-7): the optimizer half, once backward has left scaled gradients in .grad.
-// First trainer.gradients_ready() (given: data-parallel training averages them across ranks
-// there). When trainer.config().grad_clip_norm > 0, clip with amplab::clip_grad_norm_ and keep
-// the norm it returns (before clipping) in result.grad_norm, but unscale first: clipping scaled
-// gradients sees a norm S times too large and shrinks every update by S. Without clipping, do not
-// unscale: step() does it (and a fused optimizer divides inside its own kernel). Then the
-// scaler's step and update. With loss scaling, result.skipped = a 0-dim float32 device tensor, 1
-// when the step was skipped (from found_inf(), which may count several overflows: clamp it).
+// Tell the trainer the gradients are ready before anything reads them (gradients_ready: given,
+// data-parallel training averages them across ranks there). Clipping (when the config asks for a
+// clip norm; amplab::clip_grad_norm_ returns the norm before clipping, for result.grad_norm) must
+// see the true gradients: clipping scaled ones sees a norm S times too large and shrinks every
+// update by S. Without clipping, leave the unscaling to the scaler's step (a fused optimizer
+// divides inside its own kernel). Then the scaler's step and update. With loss scaling,
+// result.skipped is a 0-dim float32 device tensor, 1 when the step was skipped.
+// Pitfall: found_inf() may count several overflows, and skipped is a 0-or-1 flag.
 amplab::StepResult optimizer_step(amplab::Trainer& trainer) {
   AMPLAB_TODO("amp_training-7");
 }
 
-// TODO(amp_training-8): start from cleared gradients; compute the loss under an
-// amplab::AutocastGuard(device.type(), dtype, enabled) (disabled for std::nullopt: leave the dtype
-// argument as autocast has it, at::autocast::get_autocast_dtype), multiply it by loss_scale,
-// backward, then collect each parameter's .grad divided by loss_scale (a detached fp32 copy:
-// zeros where a parameter got no gradient) and clear the gradients again.
+// TODO(amp_training-8): the gradients one backward gives under autocast in `dtype` (none: fp32,
+// autocast off) with the loss multiplied by loss_scale, brought back to the unscaled values: one
+// detached fp32 tensor per parameter, in parameter order, zeros where a parameter got no
+// gradient. Start and end with cleared gradients, so that calls do not add up. amplab::AutocastGuard
+// takes a device type, a dtype and whether it is enabled (read its header for a disabled guard).
 // Pitfall: dividing afterwards is what brings the values back; a gradient that was already zero
 // in fp16 stays zero, which is the point of the measurement.
 std::vector<torch::Tensor> gradients_under(torch::nn::Module& model, const amplab::LossFn& loss_fn,

@@ -132,27 +132,30 @@ bool GradScaler::skips_on_device(const torch::optim::Optimizer& optimizer) const
 }
 
 // TODO(amp_training-9): the stretch: step() for a fused optimizer, deciding on the device as
-// PyTorch does for fused optimizers: find infs without dividing (the kernel will divide while it
-// updates), then fused.step_with_amp_scaling(scale, found_inf): it divides by the scale (pass
-// none when unscale_ already divided) and leaves everything unchanged when found_inf != 0.
-// Same stage rules and last_found_inf_ as step(); mark the state on_device, so that update()
-// knows it may hand the scale to update_on_device below. No .item() anywhere: that is the point.
+// PyTorch does for fused optimizers. The fused kernel (amplab::FusedOptimizer's
+// step_with_amp_scaling, see its header) divides by the scale while it updates and leaves every
+// parameter untouched when the flag it is handed is set: so this step only has to find the infs
+// (without dividing, unless unscale_ already did: then the kernel must not divide again) and hand
+// over the scale and the flag. Same stage rules and last_found_inf_ as step(); record that this
+// optimizer stepped on the device, so that update() knows it may use update_on_device below.
+// Pitfall: no .item() anywhere: a host read of the flag is the synchronization this exists to remove.
 void GradScaler::step_on_device(torch::optim::Optimizer& optimizer, amplab::FusedOptimizer& fused) {
   AMPLAB_TODO("amp_training-9");
 }
 
 // TODO(amp_training-9): the stretch: update() for optimizers that all stepped on the device (your
-// update() calls it then): the same state machine as TODO 4 in one kernel instead of a dozen
-// small ones, at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor,
-// backoff_factor, growth_interval), PyTorch's own. A graph of a short step feels each launch.
+// update() calls it then): the same state machine as TODO 4, but as PyTorch's own one-kernel
+// version (ATen's _amp_update_scale_, the op behind torch.amp.GradScaler.update: read its schema
+// for what it takes and what it changes in place) instead of a dozen small ones. A graph of a
+// short step feels each launch.
 void GradScaler::update_on_device(const torch::Tensor& found_inf) {
   AMPLAB_TODO("amp_training-9");
 }
 
 // TODO(amp_training-9): the stretch: unscale_() for the gradients of an optimizer that steps on
-// the device (your unscale_ may call it then): the check and the division in one pass over each
-// gradient, at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale),
-// PyTorch's own, where the foreach ops read every gradient twice.
+// the device (your unscale_ may call it then): the inf check and the division in one pass over
+// each gradient, with PyTorch's own fused op (the one torch.amp.GradScaler's unscale_ calls, in
+// ATen's _amp_foreach_ family), where the foreach ops of TODO 2 read every gradient twice.
 void GradScaler::unscale_on_device(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
                                    const torch::Tensor& inv_scale) {
   AMPLAB_TODO("amp_training-9");

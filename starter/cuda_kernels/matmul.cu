@@ -86,20 +86,21 @@ __global__ void __launch_bounds__(kBlockThreads)
     matmul_register_blocked_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                                    int m, int n, int k) {
   // TODO(cuda_kernels-11): Each thread computes 64 outputs (8 rows x 8 columns of the block's
-  // tile) and keeps them in registers: for each k of the shared tiles it reads 8 values of A and 8
-  // of B (16 shared-memory loads) for 64 FMAs, where the tiled kernel did 2 loads per FMA. The
-  // ideas (README part 4 draws them):
-  // - Shared tiles: A's kBM x kBK (stored transposed, k-major, so a thread's 8 values of A are
-  //   contiguous: float4 reads) and B's kBK x kBN. Loaded with one float4 per thread each.
-  // - Which 8 rows and columns: take them as two groups of 4, 64 apart (rows ty*4..+3 and
-  //   64+ty*4..+3 for the thread's ty in 0..15, same for columns with tx), so that the float4
-  //   reads of a warp from shared memory hit distinct banks.
-  // - Double buffering: two copies of each tile; the next step's float4s are loaded from global
-  //   memory into registers before the math on the current tiles, stored into the other copy
-  //   after it: one __syncthreads per step, and the loads' latency hides behind the FMAs.
+  // kBM x kBN tile) and keeps them in registers: for each k of the shared tiles it reads 8 values
+  // of A and 8 of B for 64 FMAs, where the tiled kernel did 2 loads per FMA. The ideas (README
+  // part 4):
+  // - Shared tiles of A and B per step of kBK along k, loaded by the whole block with 16-byte
+  //   loads. Store A's tile so that the 8 values of A a thread needs for one k are contiguous in
+  //   shared memory: then they too are read as float4s.
+  // - The map from a thread to its 8 rows and 8 columns is yours to choose, and it decides the
+  //   shared-memory banks a warp's float4 reads hit: work it out on paper for one warp (which
+  //   addresses do its 32 lanes read at once?) and choose one where they do not conflict.
+  // - Double buffering: while the FMAs of this step run, the next step's tiles are already on
+  //   their way from global memory (into registers first, into the other shared buffer after the
+  //   math), so one __syncthreads per step suffices and the loads' latency hides behind the FMAs.
   // - Outside the fast case (kFast false), every load past an edge of A or B reads 0 and every
   //   store past an edge of C is skipped; one float at a time (rows of A or B may not be aligned).
-  // Count the registers (acc[8][8] and friends): __launch_bounds__ tells the compiler 256
+  // Count the registers (64 accumulators and friends): __launch_bounds__ tells the compiler 256
   // threads, so it must fit them in 255 registers without spilling (nvcc -Xptxas -v says).
   AMPLAB_TODO_DEVICE("cuda_kernels-11");
 }
@@ -124,10 +125,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     matmul_wmma_bf16_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
                             __nv_bfloat16* __restrict__ c, int m, int n, int k) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // bf16 tensor cores: Ampere and later
-  // TODO(cuda_kernels-12): (stretch) nvcuda::wmma (<mma.h>) exposes the tensor cores to a warp:
-  // fragment<matrix_a, 16, 16, 16, __nv_bfloat16, row_major>, fragment<matrix_b, ...>,
-  // fragment<accumulator, 16, 16, 16, float>; load_matrix_sync, mma_sync (c += a b for a 16 x 16
-  // x 16 block), store_matrix_sync. The whole warp calls each one together. The plan:
+  // TODO(cuda_kernels-12): (stretch) nvcuda::wmma (<mma.h>; the CUDA C++ Programming Guide, "Warp
+  // Matrix Functions") exposes the tensor cores to a warp: fragments of A, of B and of an fp32
+  // accumulator for 16 x 16 x 16 bf16 products, and calls that load a fragment from memory,
+  // multiply-accumulate, and store one. The whole warp calls each one together. The plan:
   // - Shared tiles of A (kWM x kWK) and B (kWK x kWN) per step of k, loaded by the whole block
   //   (16-byte chunks of 8 bf16 in the fast case; one element at a time, zeros past the edges,
   //   otherwise). load_matrix_sync needs 32-byte aligned addresses and a leading dimension that is

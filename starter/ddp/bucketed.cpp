@@ -4,16 +4,12 @@
 // collective's latency per parameter; step 2 pays it once, but only after backward. Buckets are
 // the middle: parameters grouped into buckets of about dist.bucket_mb, each bucket one all-reduce,
 // started during backward as soon as its last gradient is in. Gradients live in the buckets'
-// flat buffers (each .grad a view into its bucket), so nothing is copied in and out. See
-// labs/ddp/README.md, "Step 4". The solution of this file is the course's reference DDP.
-//
-// How the reference lays gradients out: a parameter that closes its bucket by being larger than
-// the cap (a big weight), and any parameter with no other small one beside it, keeps its own
-// .grad, all-reduced in place (autograd writes it there; nothing is copied). Two or more smaller
-// parameters of a bucket share its flat buffer, each .grad aliasing its slice (PyTorch's
-// gradient_as_bucket_view=True). With zero_grad(false) autograd accumulates straight into the
-// slice; with zero_grad() (set_to_none, what the trainer does) autograd stores a fresh tensor and
-// the hook copies it into the slice and points .grad back at it (stats().grad_copies).
+// flat buffers, each .grad a view of its slice (PyTorch's gradient_as_bucket_view=True), so the
+// all-reduce works on them in place, with no copy into a bucket and back out around it. With
+// zero_grad(false) autograd accumulates straight into the slice; with zero_grad() (set_to_none,
+// what the trainer does) autograd stores a fresh tensor and the hook copies it into the slice and
+// points .grad back at it (stats().grad_copies). See labs/ddp/README.md, "Step 4". The solution of
+// this file is the course's reference DDP.
 //
 // Parameters without a gradient in a step (a branch not taken on this rank) contribute zeros;
 // after finish every trainable parameter has a defined .grad, equal on all ranks, so all ranks

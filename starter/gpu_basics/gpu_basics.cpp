@@ -73,25 +73,30 @@ amplab::Summary time_naively(const std::function<void()>& work, int repeats) {
 
 double copy_bandwidth_gbs(const torch::Tensor& source, torch::Device destination, int warmup, int repeats) {
   double gbs = 0;
-  // TODO(gpu_basics-5): Allocate the destination once (torch::empty_like(source,
-  // source.options().device(destination))), then time dst.copy_(src) with time_on_device on the
-  // device that does the work (the GPU if either side is one). Bytes moved: source.nbytes(),
-  // twice that when both sides are the same device. GB/s = bytes / (median ms * 1e6).
+  // TODO(gpu_basics-5): The bandwidth of copying `source` to `destination`, in GB/s (10^9 bytes
+  // per second) over the median of time_on_device's repeats. Time only the copy: the destination
+  // is allocated once, before the timing, shaped and typed like the source. Time it on the device
+  // that does the work (a GPU when either side is one: the copy engines, not the host).
+  // Pitfalls: count the bytes the memory actually moves: a copy within one device reads every
+  // byte and writes it again, a copy between two devices reads on one side and writes on the
+  // other. And mind the units: time_on_device gives milliseconds.
   AMPLAB_TODO("gpu_basics-5");
   return gbs;
 }
 
 int64_t matmul_flops(int64_t m, int64_t n, int64_t k) {
-  // TODO(gpu_basics-6): Each of the m*n outputs is a dot product of length k: k multiplies and
-  // k adds. Then implement matmul_tflops() below.
+  // TODO(gpu_basics-6): The FLOPs of an (m x k) by (k x n) matrix product, counted as the
+  // roofline counts them (a multiply and an add are two). Then implement matmul_tflops() below.
   AMPLAB_TODO("gpu_basics-6");
 }
 
 double matmul_tflops(int64_t n, torch::ScalarType dtype, torch::Device device, bool allow_tf32, int warmup, int repeats) {
   double tflops = 0;
-  // TODO(gpu_basics-6): Make two random n x n matrices of `dtype` on `device`, hold an
-  // amplab::Tf32Guard(allow_tf32) while timing torch::mm with time_on_device, and turn the
-  // median into TFLOP/s: matmul_flops(n, n, n) / (median ms * 1e9).
+  // TODO(gpu_basics-6): The throughput of torch::mm on two random n x n matrices of `dtype` on
+  // `device`, in TFLOP/s (10^12 FLOP per second) over the median of time_on_device's repeats.
+  // TF32 is a global switch of cuBLAS: allow it exactly while this matmul is timed, and restore
+  // it after (amplab::Tf32Guard, `precision.hpp`). Pitfalls: make the inputs before the timing (an
+  // allocation and a random fill are work too); milliseconds in, TFLOP/s out.
   AMPLAB_TODO("gpu_basics-6");
   return tflops;
 }

@@ -89,13 +89,13 @@ MemoryEstimate estimate_memory(const DeepMlpOptions& o, amplab::Precision precis
 
 // TODO(memory_optimization-1): measures `warmup` untimed then `steps` timed calls of `step`
 // (each timed by itself, with an amplab::DeviceTimer: CUDA events on a GPU) and the peak memory
-// from the first call to the last (amplab::read_memory's peak_allocated and peak_reserved,
-// bytes; 1 MiB = 2^20), starting clean: free the allocator's cached blocks first (earlier work
-// would count as reserved) and reset the peaks. Running out of memory is a result, not an error:
-// fits = false with error = amplab::oom_summary(e) (amplab::is_out_of_memory tells an OOM from
-// other errors, which propagate), and the blocks the failed step left cached are freed so the
-// next attempt starts from the same memory. m.step_ms is the median, timed_steps the count;
-// warmup < 0 or steps < 1: an amplab::Error.
+// from the first call to the last (amplab::read_memory's peak allocated and reserved bytes, in
+// MiB of 2^20), starting clean: nothing cached by earlier work (it would count as reserved) and
+// the peaks reset. Running out of memory is a result, not an error: the Measurement says the step
+// did not fit, with the one-line summary the core makes of an OOM (memory.hpp has the helpers
+// that tell an OOM from other errors, which propagate), and the blocks the failed step left
+// cached are freed so that the next attempt starts from the same memory. The step's time is the
+// median of the timed steps; a negative warmup or fewer than one step is an amplab::Error.
 // Pitfall: an exception leaves its tensors alive until it is destroyed; free the cache after the
 // catch block has ended, not inside it.
 Measurement measure(const std::function<void()>& step, torch::Device device, int warmup, int steps) {
@@ -149,9 +149,10 @@ torch::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, con
 
 // ---- TODO 7: comparing -----------------------------------------------------------------------
 
-// TODO(memory_optimization-7): when both fit and have a positive peak_allocated_mib and step_ms:
-// memory_saving = baseline peak / candidate peak, time_overhead = candidate step_ms / baseline
-// step_ms - 1. Otherwise both stay 0.
+// TODO(memory_optimization-7): how the candidate compares with the baseline: memory_saving, how many
+// times less peak allocated memory it needs (2.0: half), and time_overhead, the share of time it
+// adds to a step (0.3: 30% slower; negative when faster). Only when both fit and both measured a
+// positive peak and time; otherwise both stay 0.
 Comparison compare(const Measurement& baseline, const Measurement& candidate) {
   AMPLAB_TODO("memory_optimization-7");
 }

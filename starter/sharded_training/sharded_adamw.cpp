@@ -11,29 +11,24 @@
 
 namespace zero_lab {
 
-// TODO(sharded_training-2): AdamW on one shard, in place, as torch.optim.AdamW does it (decoupled
-// weight decay), with g = grad_shard, m = exp_avg, v = exp_avg_sq, t = step:
-//   p <- p * (1 - lr * weight_decay)
-//   m <- beta1 * m + (1 - beta1) * g          v <- beta2 * v + (1 - beta2) * g * g
-//   p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// Pitfalls: every update must write into the tensors themselves (in-place ops: mul_, add_,
-// addcmul_, addcdiv_), since param_shard is a view of the flat parameters; t starts at 1, and
-// t = 0 divides by zero; no autograd history while the step writes into parameters.
+// TODO(sharded_training-2): AdamW on one shard, in place: the update of torch.optim.AdamW (decoupled
+// weight decay, bias-corrected moments; the README's "The sharded step" writes it out), with the
+// shard's gradient, its two moments and the step count t (1 at the first step). The tests compare
+// with torch's AdamW to rounding.
+// Pitfalls: every update must write into the tensors themselves, since param_shard is a view of
+// the flat parameters (a new tensor is updated and then lost); t = 0 divides by zero in the bias
+// correction; no autograd history while the step writes into parameters.
 void adamw_shard_step(torch::Tensor& param_shard, const torch::Tensor& grad_shard, torch::Tensor& exp_avg,
                       torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& options) {
   AMPLAB_TODO("sharded_training-2");
 }
 
-// TODO(sharded_training-2): one step of AdamW on this rank's shard, ZeRO-1's way. Backward has left every
-// rank's own gradients in flat_grads_ (the .grad views). Three moves:
-//  1. reduce-scatter flat_grads_ into grad_shard_, averaged over the ranks: rank r receives the
-//     mean of every rank's elements [r * shard_numel, (r + 1) * shard_numel) (grad_shard_ is that
-//     slice of flat_grads_ itself: the Communicator reduce-scatters in place);
-//  2. adamw_shard_step on this rank's shard of flat_params_, with moments exp_avg_ and
-//     exp_avg_sq_ and step count steps_ (1 at the first step);
-//  3. all-gather the shards so that every rank's flat_params_ (and so every parameter, a view
-//     of it) holds every rank's updated shard.
-// The collectives are asynchronous (wait() on what they return before reading their output).
+// TODO(sharded_training-2): one step of AdamW, ZeRO-1's way (README, "The sharded step"). Backward has
+// left every rank's own gradients in flat_grads_ (the .grad views). Contract: afterwards every
+// rank's flat_params_ (and so every parameter, a view of it) holds what one AdamW step on the mean
+// gradient gives, while this rank has computed the update of its own shard only, with its own
+// moments (grad_shard_ is this rank's slice of flat_grads_: the Communicator's reduce-scatter
+// works in place). The collectives are asynchronous: wait for a result before reading it.
 // Pitfalls: a sum over W ranks is W times the mean, and Adam hides the factor in the update (m /
 // sqrt(v) does not change when g is scaled) but the gradient itself is wrong (clipping, logging
 // and eps see it); a shard that starts at rank * shard_numel must be a view of flat_params_ (a
@@ -42,16 +37,14 @@ void ShardedAdamW::step() {
   AMPLAB_TODO("sharded_training-2");
 }
 
-// TODO(sharded_training-4): a gradient of bucket `bucket` is ready. Count it; when it is the
-// bucket's last (pending reaches 0):
-//  1. lay the bucket's gradients out as its parameters are laid out in flat_params (a new
-//     buffer of layout.padded_numel() elements, the padding zero), and free each parameter's
-//     .grad (p.mutable_grad().reset()): between steps a rank keeps only grad_shard;
-//  2. start the reduce-scatter (the mean over the ranks) of that buffer into the bucket's
-//     grad_shard, and keep its Work in the bucket: step() waits for it.
+// TODO(sharded_training-4): a gradient of bucket `bucket` is ready (README, "ZeRO-2"). Contract: once
+// the bucket's last gradient is in, its mean gradient is on its way to the bucket's grad_shard
+// (reduce-scattered from one buffer laid out as the bucket's flat_params is, padding zero), the
+// bucket remembers the collective for step(), and no parameter of the bucket holds a whole
+// gradient any more: between steps a rank keeps only its shards. Before that, a call only counts.
 // Do not wait here: backward is still running on this thread, and the point is that the
 // collective travels while backward computes the layers before this one. The Communicator keeps
-// the buffer alive until the collective is done, so it may go out of scope here.
+// its input alive until the collective is done.
 // Pitfalls: the hooks may run on autograd's threads, so take mutex_; pending counts down from
 // the bucket's number of parameters and must be reset for the next backward; .grad of a
 // parameter is the tensor autograd accumulated into, not a view of anything of yours.
@@ -59,12 +52,11 @@ void ShardedGradientsAdamW::gradient_ready(size_t bucket) {
   AMPLAB_TODO("sharded_training-4");
 }
 
-// TODO(sharded_training-4): the step after backward. For each bucket: wait for its
-// reduce-scatter (a bucket without one had a parameter that got no gradient: an amplab::Error
-// naming the bucket), then adamw_shard_step on this rank's shard of its flat_params, with its
-// grad_shard and moments, and all-gather the bucket's shards into its flat_params. Then every
-// bucket is ready for the next backward (pending back to its number of parameters, no Work).
-// One step count for all buckets.
+// TODO(sharded_training-4): the step after backward: ZeRO-1's step, bucket by bucket, each bucket's
+// shard stepped with its own mean gradient shard and moments and then gathered, one step count for
+// all buckets. A bucket whose reduce-scatter never started had a parameter that got no gradient:
+// an amplab::Error naming the bucket, not a wait. Afterwards every bucket is ready for the next
+// backward.
 // Pitfalls: the same as ShardedAdamW::step's; and a bucket's shard is rank * its own shard_numel
 // into its own flat_params: each bucket is cut on its own.
 void ShardedGradientsAdamW::step() {

@@ -1018,7 +1018,7 @@ double back_to_back_ms(const std::string& setting, const std::string& out_dir, b
   std::string out;
   int code = test::run({test::binary_dir() + "/bin/amplab-run", "--nproc-per-node", "2", "--", binary, "--set",
                         "bench.enabled=true", "--set", "bench.settings=[" + setting + "]", "--set", "bench.steps=50",
-                        "--set", "run.out_dir=" + out_dir},
+                        "--set", "bench.bucket_sweep_mb=[]", "--set", "run.out_dir=" + out_dir},  // the one setting, no sweep
                        &out, 300);
   EXPECT_EQ(code, 0) << out;
   const nlohmann::json summary = test::lab_run_summary(out_dir);

@@ -1,9 +1,9 @@
 """scripts/check-handout.py finds answers planted in a hand-out: three lines of a solution fence
-outside starter/, a mechanism defined in the core, the core including a lab's header; and finds
-none in the hand-out made from this checkout, which holds no lab's instructor notes
-(labs/<lab>/INSTRUCTOR.md), no lab's fault cases (labs/<lab>/faults.py) and no instructor-only
-block of a lab's README. ctest:
-handout_holds_no_answers (label core)."""
+outside starter/, a mechanism defined in the core, the core including a lab's header, a TODO hint
+that restates its solution's line (while a hint that names a function or says the formula in words
+passes); and finds none in the hand-out made from this checkout, which holds no lab's instructor
+notes (labs/<lab>/INSTRUCTOR.md), no lab's fault cases (labs/<lab>/faults.py) and no
+instructor-only block of a lab's README. ctest: handout_holds_no_answers (label core)."""
 import pathlib
 import re
 import subprocess
@@ -55,6 +55,22 @@ class CheckHandout(unittest.TestCase):
         finally:
             path.write_text(before)
 
+    def planted_hint(self, relative, todo_id, hint, occurrence=0):
+        """Runs the check with `hint` as one more comment line right above the hole of `todo_id`
+        (its occurrence-th hole in the file), as a hint of that hole, then restores the file."""
+        path = self.handout / relative
+        before = path.read_text()
+        lines = before.splitlines(keepends=True)
+        holes = [i for i, line in enumerate(lines) if f'AMPLAB_TODO("{todo_id}")' in line]
+        self.assertGreater(len(holes), occurrence, f"{relative}: no hole {occurrence} of {todo_id}")
+        hole = holes[occurrence]
+        indent = lines[hole][:len(lines[hole]) - len(lines[hole].lstrip())]
+        path.write_text("".join(lines[:hole] + [f"{indent}// {hint}\n"] + lines[hole:]))
+        try:
+            return self.check()
+        finally:
+            path.write_text(before)
+
     def test_the_handout_of_this_checkout_is_clean(self):
         result = self.check()
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
@@ -86,6 +102,28 @@ class CheckHandout(unittest.TestCase):
         result = self.planted("labs/memory_optimization/README.md", "```cpp\n" + "\n".join(lines[:4]) + "\n```")
         self.assertEqual(result.returncode, 1)
         self.assertIn("labs/memory_optimization/README.md", result.stdout)
+
+    def test_a_hint_that_restates_its_solution_is_found(self):
+        # The hint matmul_tflops() once had: the expression of its solution's line, in other words.
+        result = self.planted_hint("starter/gpu_basics/gpu_basics.cpp", "gpu_basics-6",
+                                   "median into TFLOP/s: matmul_flops(n, n, n) / (median ms * 1e9).", occurrence=1)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertIn("starter/gpu_basics/gpu_basics.cpp", result.stdout)
+        self.assertIn("the hint of TODO(gpu_basics-6) restates its solution", result.stdout)
+        # A line of the fence copied into a hint, from the solution as it is now.
+        fence = fence_lines(ROOT / "solution" / "transformer_fp8" / "transformer_fp8.cpp")
+        longest = max(fence, key=len).strip()
+        result = self.planted_hint("starter/transformer_fp8/transformer_fp8.cpp", "transformer_fp8-1", "e.g. " + longest)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertIn("the hint of TODO(transformer_fp8-1) restates its solution", result.stdout)
+
+    def test_a_hint_that_names_a_function_or_says_the_formula_in_words_passes(self):
+        for hint in ("the FLOPs come from your matmul_flops(), the time from time_on_device (amplab::Tf32Guard around it)",
+                     "TFLOP/s: the matmul's FLOPs over the median time, minding the units (ms in, 10^12 FLOP/s out)",
+                     "use at::cuda::getDeviceProperties for the SMs, the memory and the compute capability"):
+            with self.subTest(hint=hint):
+                result = self.planted_hint("starter/gpu_basics/gpu_basics.cpp", "gpu_basics-6", hint, occurrence=1)
+                self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
     def test_a_mechanism_defined_in_the_core_is_found(self):
         result = self.planted("src/amplab/measure/timing.cpp", "class GradScaler {};")
