@@ -197,7 +197,7 @@ BenchTimes time_setting(const BenchSetting& setting, const DdpConfig& config, co
 // optimizer step after the sync, as the bench's `bucketed` row) with each cap, into
 // bucket_sweep.csv: how many buckets the sync made of the MLP at each cap, and what each cost.
 void run_bucket_sweep(const DdpConfig& config, const Setup& setup, amplab::GpuMonitor& monitor, Timeline& timeline,
-                      amplab::Results& results, const amplab::StepMechanisms& mechanisms,
+                      amplab::Results& results,
                       const amplab::OptimizerFactory& fused_optimizer) {
   const auto& b = config.bench;
   const auto ms2 = amplab::decimals(2);
@@ -210,14 +210,14 @@ void run_bucket_sweep(const DdpConfig& config, const Setup& setup, amplab::GpuMo
                                                {"ranks_agree", "same parameters on every rank"}});
   const std::string mlp = std::to_string(b.layers) + " x Linear(" + std::to_string(b.bucket_sweep_width) + ")";
   const BenchTimes alone = time_setting({.name = "alone, " + mlp, .alone = true, .width = b.bucket_sweep_width, .traced = false},
-                                        config, setup, monitor, "", timeline, mechanisms, fused_optimizer);
+                                        config, setup, monitor, "", timeline, fused_optimizer);
   table.add({nlohmann::json(), nlohmann::json(), alone.each.median, 1.0, nlohmann::json(), alone.phases[1], alone.phases[2],
              alone.back_to_back, nlohmann::json()});
   for (const int64_t cap : b.bucket_sweep_mb) {
     const BenchSetting setting{.name = "bucketed, " + mlp + ", " + std::to_string(cap) + " MiB buckets",
                                .step_each_bucket = false, .width = b.bucket_sweep_width,
                                .bucket_mb = static_cast<double>(cap), .traced = false};
-    const BenchTimes t = time_setting(setting, config, setup, monitor, "", timeline, mechanisms, fused_optimizer);
+    const BenchTimes t = time_setting(setting, config, setup, monitor, "", timeline, fused_optimizer);
     table.add({cap, t.buckets, t.each.median, alone.each.median / t.each.median, t.each.median - alone.each.median,
                t.phases[1], t.phases[2], t.back_to_back, t.ranks_agree});
   }
@@ -265,7 +265,7 @@ int run_bench(const DdpConfig& config, const Setup& setup, const amplab::RunDir&
                                        per_rank(g, "watts", 1, " W"), per_rank(g, "power_capped_fraction", 100, "%")});
     readings.push_back({{"setting", setting.name}, {"each", t.gpu}, {"back_to_back", g}});
   }
-  if (!b.bucket_sweep_mb.empty()) run_bucket_sweep(config, setup, monitor, timeline, results, mechanisms, fused_optimizer);
+  if (!b.bucket_sweep_mb.empty()) run_bucket_sweep(config, setup, monitor, timeline, results, fused_optimizer);
   results.set("gpu_per_rank", readings);
   results.set("world_size", world.world_size);
   results.set("backend", setup.comm->backend());
