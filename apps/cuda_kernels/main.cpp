@@ -18,7 +18,7 @@
 #include "amplab/lab_main.hpp"
 #include "amplab/measure/timing.hpp"
 #include "bias_gelu_mlp.hpp"
-#include "amplab/report/images.hpp"
+#include "images.hpp"
 #include "amplab/report/table.hpp"
 #include "amplab/train/precision.hpp"
 #include "config.hpp"

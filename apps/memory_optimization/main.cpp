@@ -19,7 +19,7 @@
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
 #include "amplab/report/table.hpp"
-#include "amplab/state/training_snapshot.hpp"
+#include "given/training_snapshot.hpp"
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"
 #include "config.hpp"

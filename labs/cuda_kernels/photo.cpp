@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "amplab/report/images.hpp"
+#include "images.hpp"
 #include "cuda_kernels.hpp"
 
 namespace cuda_kernels {
@@ -23,7 +23,7 @@ torch::Tensor filter_named(const std::string& name) {
 }
 
 std::pair<torch::Tensor, std::string> filter_photo(const ConvolutionConfig& conv, const amplab::RunDir& run, torch::Device device) {
-  torch::Tensor photo = amplab::load_grey_image(conv.image, run.file("photo.f32"));
+  torch::Tensor photo = cuda_kernels::load_grey_image(conv.image, run.file("photo.f32"));
   if (!photo.defined()) {
     std::cout << "(could not read " << (conv.image.empty() ? "matplotlib's grace_hopper.jpg" : conv.image)
               << " with scripts/images.py: filtering a test pattern instead)\n";
@@ -43,7 +43,7 @@ std::pair<torch::Tensor, std::string> filter_photo(const ConvolutionConfig& conv
     }
     images.emplace_back(run.file("conv_" + name), out);
   }
-  if (!amplab::write_grey_pngs(images, run.file("conv_filters.png")))
+  if (!cuda_kernels::write_grey_pngs(images, run.file("conv_filters.png")))
     std::cout << "(PNG images skipped: scripts/images.py failed; is matplotlib installed?)\n";
   return {photo, std::string(naive_used ? "(the images used the given naive kernel: TODO(cuda_kernels-8) is still empty)\n" : "") +
                      "images: " + run.file("conv_filters.png") + " and conv_<filter>.png\n"};

@@ -23,7 +23,7 @@
 #include "amplab/measure/memory.hpp"             // read_memory, reset_peak_memory, is_out_of_memory (TODO 1), MemoryTracker
 #include "amplab/train/precision.hpp"
 #include "amplab/train/trainer.hpp"            // Trainer, Batch, MicroBatches, LossFn
-#include "amplab/state/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
+#include "given/training_snapshot.hpp"  // TrainingSnapshot (TODO 2)
 
 namespace memory_optimization {
 

@@ -7,7 +7,7 @@
 #include "amplab/infra/log.hpp"
 #include "amplab/measure/memory.hpp"
 #include "amplab/measure/timing.hpp"
-#include "amplab/state/training_snapshot.hpp"
+#include "given/training_snapshot.hpp"
 
 namespace memory_optimization {
 
@@ -25,7 +25,7 @@ void add_trial(amplab::ResultTable* trials, Precision precision, const std::stri
 void scan_linearly(Harness& h, const BatchStep& step, amplab::Trainer& trainer, const FitsFn& fits,
                    FinderResult& r, amplab::ResultTable* trials) {
   const auto& c = h.mem.finder;
-  amplab::TrainingSnapshot snapshot(*h.model, &trainer.optimizer());
+  TrainingSnapshot snapshot(*h.model, &trainer.optimizer());
   const int64_t m = c.brute_force_step;
   int64_t batch = round_down_to(static_cast<int64_t>(static_cast<double>(r.search.largest_fit) * c.brute_force_from), m);
   // Up to twice the finder's first OOM at most: a scan that gets there without failing has

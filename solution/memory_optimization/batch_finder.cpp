@@ -76,7 +76,7 @@ BatchSearch find_batch_size(const BatchStep& step, torch::nn::Module& model, tor
   BatchSearch search;
   const int64_t m = config.multiple_of;
   const int64_t max_batch = round_down_to(config.max_batch, m);
-  amplab::TrainingSnapshot snapshot(model, optimizer);
+  TrainingSnapshot snapshot(model, optimizer);
   auto attempt = [&](int64_t batch) {
     search.trials.push_back(try_batch(step, model, device, batch, config, fits));
     snapshot.restore();

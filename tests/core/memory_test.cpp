@@ -1,5 +1,5 @@
-// The core's memory infrastructure: the training snapshot (what lab 3's batch finder restores
-// after each trial), the out-of-memory helpers and the per-phase tracker. The levers themselves
+// The core's memory infrastructure and lab 3's given training snapshot (what its batch finder
+// restores after each trial): the out-of-memory helpers and the per-phase tracker. The levers themselves
 // (checkpointing, the finder, the estimate) are lab 3's (tests/labs/memory_optimization_test.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,7 +9,7 @@
 
 #include <fstream>
 
-#include "amplab/state/training_snapshot.hpp"
+#include "given/training_snapshot.hpp"
 #include "amplab/infra/error.hpp"
 #include "amplab/measure/fits.hpp"
 #include "amplab/measure/memory.hpp"
@@ -32,7 +32,7 @@ TEST(TrainingSnapshot, OtherOptimizersRoundTripThroughTheirSerialization) {
   auto weight = net->weight.detach().clone();
   auto& state = static_cast<torch::optim::RMSpropParamState&>(*rmsprop.state().at(net->weight.unsafeGetTensorImpl()));
   auto square_avg = state.square_avg().clone();
-  TrainingSnapshot snapshot(*net, &rmsprop);
+  memory_optimization::TrainingSnapshot snapshot(*net, &rmsprop);
   step();
   step();
   static_cast<torch::optim::RMSpropOptions&>(rmsprop.param_groups()[0].options()).lr(1.0);

@@ -1,4 +1,4 @@
-// Grey images to and from scripts/images.py (matplotlib): a photograph read as a tensor, tensors
+// The app's grey images (lab 6's photograph, its filtered versions) to and from scripts/images.py (matplotlib): a photograph read as a tensor, tensors
 // written as PNGs. A missing matplotlib costs the images, never the run.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace amplab {
+namespace cuda_kernels {
 
 // The image at `path` ("" for matplotlib's sample photograph grace_hopper.jpg) as a (h, w) float32
 // tensor of grey values in [0, 1] on the CPU, passed through the raw file `scratch` (removed
@@ -20,4 +20,4 @@ torch::Tensor load_grey_image(const std::string& path, const std::string& scratc
 // `montage`. Each image passes through <stem>.f32, removed after. False when scripts/images.py fails.
 bool write_grey_pngs(const std::vector<std::pair<std::string, torch::Tensor>>& images, const std::string& montage);
 
-}  // namespace amplab
+}  // namespace cuda_kernels

@@ -1,5 +1,5 @@
 // TrainingSnapshot (training_snapshot.hpp): host copies of the training state, put back on demand.
-#include "amplab/state/training_snapshot.hpp"
+#include "given/training_snapshot.hpp"
 
 #include <ATen/Context.h>
 #include <torch/optim/adam.h>
@@ -13,7 +13,7 @@
 
 #include "amplab/infra/error.hpp"
 
-namespace amplab {
+namespace memory_optimization {
 
 namespace {
 
@@ -111,7 +111,7 @@ void TrainingSnapshot::restore() {
   auto parameters = model_.parameters();
   auto buffers = model_.buffers();
   if (parameters.size() != parameters_.size() || buffers.size() != buffers_.size())
-    throw Error("TrainingSnapshot::restore: the model's parameters or buffers changed since the snapshot");
+    throw amplab::Error("TrainingSnapshot::restore: the model's parameters or buffers changed since the snapshot");
   for (size_t i = 0; i < parameters.size(); ++i) {
     auto& p = parameters[i];
     p.copy_(parameters_[i]);
@@ -146,4 +146,4 @@ void TrainingSnapshot::restore() {
   for (const auto& [index, state] : cuda_rng_) set_generator_state(c10::Device(c10::kCUDA, index), state);
 }
 
-}  // namespace amplab
+}  // namespace memory_optimization

@@ -1,6 +1,6 @@
 // Grey images to and from scripts/images.py (images.hpp); its raw format: int64 height,
 // int64 width, then float32 row by row.
-#include "amplab/report/images.hpp"
+#include "images.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,14 +12,14 @@
 #include "amplab/infra/env.hpp"
 #include "amplab/infra/error.hpp"
 
-namespace amplab {
+namespace cuda_kernels {
 
 namespace {
 
 // Runs `python scripts/images.py args...` (the project's .venv, else python3); true when it exits 0.
 bool images_py(std::vector<std::string> args) {
-  const std::string venv = source_dir() + "/.venv/bin/python";
-  args.insert(args.begin(), {std::filesystem::exists(venv) ? venv : "python3", source_dir() + "/scripts/images.py"});
+  const std::string venv = amplab::source_dir() + "/.venv/bin/python";
+  args.insert(args.begin(), {std::filesystem::exists(venv) ? venv : "python3", amplab::source_dir() + "/scripts/images.py"});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -37,10 +37,10 @@ torch::Tensor read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   int64_t shape[2] = {0, 0};
   in.read(reinterpret_cast<char*>(shape), sizeof(shape));
-  if (!in || shape[0] < 1 || shape[1] < 1) throw Error(path + ": not an image written by scripts/images.py");
+  if (!in || shape[0] < 1 || shape[1] < 1) throw amplab::Error(path + ": not an image written by scripts/images.py");
   torch::Tensor image = torch::empty({shape[0], shape[1]});
   in.read(reinterpret_cast<char*>(image.data_ptr<float>()), image.nbytes());
-  if (!in) throw Error(path + ": shorter than its " + std::to_string(shape[0]) + " x " + std::to_string(shape[1]) + " pixels");
+  if (!in) throw amplab::Error(path + ": shorter than its " + std::to_string(shape[0]) + " x " + std::to_string(shape[1]) + " pixels");
   return image;
 }
 
@@ -73,4 +73,4 @@ bool write_grey_pngs(const std::vector<std::pair<std::string, torch::Tensor>>& i
   return images_py(args);
 }
 
-}  // namespace amplab
+}  // namespace cuda_kernels
