@@ -21,8 +21,8 @@ tested=$SECONDS
 {
   echo "[test] tests: $(( (tested - built) / 60 )) min $(( (tested - built) % 60 )) s; whole command: $(( (tested - started) / 60 )) min $(( (tested - started) % 60 )) s"
   echo "[test] the slowest tests:"
-  sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+.* ([0-9.]+) sec$/\2 \1/p' "$log" | sort -rn | head -n 10 |
-    awk '{printf "[test]   %7.1f s  %s\n", $1, $2}'
+  sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+.* ([0-9.]+) sec$/\2 \1/p' "$log" | sort -rn |
+    awk 'NR <= 10 {printf "[test]   %7.1f s  %s\n", $1, $2}'
 } >&2
 rm -f "$log"
 exit "$status"
